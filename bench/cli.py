@@ -1,0 +1,76 @@
+"""`membench` command line: subcommands dispatch to Hydra apps over `conf/`.
+
+    membench run [overrides...]        one run (or a sweep with -m) under torchrun
+    python -m bench run ...            the same
+
+Exit status is the run's status code (bench.exit_codes); a sweep exits with its most severe one.
+"""
+from __future__ import annotations
+
+import secrets
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import List, Optional
+
+from bench.exit_codes import EXIT_INVALID, STATUS_EXIT_CODE, worst_status
+
+USAGE = """usage: membench <command> [hydra overrides...]
+
+commands:
+  run     launch a workload under torchrun and record memory per rank (Hydra app; -m for a sweep)
+
+examples:
+  membench run                                      # tiny workload, hardware=auto (CPU: 2 ranks)
+  membench run workload=small sharding=column_wise
+  membench run -m workload.batch_size=256,1024 workload.num_tables=4,16
+  membench run --help                               # config groups and every option
+
+exit status: 0 ok, 1 failed, 2 invalid config, 3 out of memory, 4 timeout
+"""
+COMMANDS = ("run",)
+
+
+def new_run_id() -> str:
+    """Sortable and unique even for runs started in the same second by concurrent processes."""
+    return f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    # use_cache: one id per process, so a sweep's directory is resolved once for all its jobs
+    OmegaConf.register_new_resolver("membench_id", new_run_id, use_cache=True, replace=True)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        sys.exit(0 if argv else EXIT_INVALID)
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"membench: unknown command {command!r}; use one of {', '.join(COMMANDS)}\n\n{USAGE}",
+              file=sys.stderr)
+        sys.exit(EXIT_INVALID)
+    from bench import run_app
+    from bench.config import register_configs
+
+    register_configs()
+    register_resolvers()
+    sys.argv = [f"membench {command}", *rest]
+    try:
+        run_app.main()
+    except SystemExit as exc:
+        # Hydra exits 1 on a bad override or unknown key, before our app runs: that is `invalid`.
+        if exc.code not in (0, None) and not run_app.STATUSES:
+            sys.exit(EXIT_INVALID)
+        raise
+    if run_app.STATUSES:
+        if len(run_app.STATUSES) > 1:
+            run_app.print_sweep_table()
+        sys.exit(STATUS_EXIT_CODE[worst_status(status for _, status, _ in run_app.STATUSES)])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Typed run configuration (Hydra structured configs) and its registration with the ConfigStore.
+
+`conf/config.yaml` extends `membench_run`, so every group file and command-line override is checked
+against these dataclasses by Hydra itself (unknown key or wrong type -> refused by name).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+from hydra.core.config_store import ConfigStore
+
+from workloads.config import WorkloadConfig
+
+
+@dataclass
+class HardwareConfig:
+    name: str = "auto"
+    # cpu | cuda | auto (cuda when torch sees a GPU, else cpu)
+    device: str = "auto"
+    # ranks (GPUs, or CPU processes) per node; null = all visible GPUs on cuda, 2 on cpu
+    ranks_per_node: Optional[int] = None
+    nodes: int = 1
+    # Memory per rank. CPU: the emulated capacity that live tensors may not exceed (an allocation
+    # beyond it raises torch.OutOfMemoryError). GPU: the profile's HBM; NVML's total wins at run time.
+    capacity_gib: float = 4.0
+    # Host memory per node, for torchrec's planner (UVM / DDR)
+    host_memory_gib: float = 16.0
+    # gloo | nccl | auto (nccl on cuda, gloo on cpu)
+    dist_backend: str = "auto"
+
+
+@dataclass
+class ShardingConfig:
+    # auto (torchrec planner chooses) | data_parallel | table_wise | column_wise | table_column_wise |
+    # row_wise | table_row_wise | grid_shard (the last three need CUDA)
+    type: str = "auto"
+    # Per-table overrides, e.g. {t0: column_wise}
+    per_table: Dict[str, str] = field(default_factory=dict)
+    # fused | dense | fused_uvm_caching (UVM caching needs CUDA); auto lets the planner pick
+    compute_kernel: str = "auto"
+
+
+@dataclass
+class RecordConfig:
+    enabled: bool = True
+    # exact: live-tensor accounting of every op (CPU, deterministic); sampled: ownership + RSS only
+    cpu_mode: str = "exact"
+    timeline: bool = True
+    nvml_interval_ms: int = 100
+    # CUDA: save allocator history as the pickle memory_viz reads (and one at OOM)
+    snapshot: bool = False
+    snapshot_max_entries: int = 100_000
+
+
+@dataclass
+class ModelConfig:
+    # torchrec (reference, needs fbgemm) | native (plain PyTorch; not built yet)
+    backend: str = "torchrec"
+
+
+@dataclass
+class RunConfig:
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    record: RecordConfig = field(default_factory=RecordConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    # train (launch under torchrun); plan mode lands with the planner
+    mode: str = "train"
+    results_dir: str = "results/runs"
+    # Wall-clock limit of one torchrun job; exceeded -> status `timeout`, process group killed
+    timeout_s: int = 900
+    # Set by the CLI from Hydra's output directory; not meant to be overridden
+    run_id: str = ""
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="membench_run", node=RunConfig)

@@ -1,0 +1,1 @@
+"""Per-rank memory recording: CUDA allocator stats, NVML sampling, OOM capture, snapshots."""

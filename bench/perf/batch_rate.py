@@ -1,0 +1,248 @@
+"""How fast does the synthetic input stream produce batches, compared with what a training step eats?
+
+Run as ``python -m bench.perf.batch_rate [--batches N] [--steps N] [--quick]``. For each shape it
+prints, on this machine's CPU:
+
+(a) ``workloads.data.SyntheticBatches`` samples/s (Zipf ids, and uniform ids for comparison), median
+    over ``--batches`` batches after a warm-up batch;
+(b) ``torchrec.datasets.random.RandomRecDataset`` samples/s for the same keys / batch size / hash sizes
+    / ids per feature, generating every batch afresh (``num_generated_batches=-1``; by default it
+    pre-generates 10 batches and cycles through them, which would time nothing);
+(c) one single-process training step that consumes a batch: batch -> KeyedJaggedTensor, torchrec
+    DLRM (``DLRM``, or ``DLRM_DCN`` for ``arch=dlrm_dcn``) over an ``EmbeddingBagCollection`` on CPU,
+    forward + BCE loss + backward + ``torch.optim.SGD`` step; median over ``--steps`` steps after a
+    warm-up step;
+
+then the ratios generator / step (> 1: the generator keeps up with training on one core) and
+generator / RandomRecDataset.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, List
+
+import torch
+
+from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
+from workloads.data import Batch, SyntheticBatches
+from workloads.spec import WorkloadSpec
+from workloads.tables import build_spec
+
+# MLPerf DLRM-DCNv2 (Criteo 1TB multi-hot) ids per feature for its 26 sparse features
+MLPERF_MULTI_HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+
+
+def shapes(quick: bool) -> List[WorkloadConfig]:
+    tiny = WorkloadConfig()  # 8 tables x 10k rows, dim 64, fixed pooling 4, batch 512
+    mlperf = WorkloadConfig(
+        name="mlperf_dcnv2_like",
+        num_tables=26,
+        rows=10_000,
+        embedding_dim=128,
+        num_dense_features=13,
+        batch_size=512 if quick else 4096,
+        pooling=PoolingConfig(distribution="fixed", per_table_mean=[float(m) for m in MLPERF_MULTI_HOT]),
+        arch="dlrm_dcn",
+        dense_arch=[512, 256, 128],
+        over_arch=[1024, 1024, 512, 256, 1],
+        dcn_num_layers=3,
+        dcn_low_rank_dim=512,
+    )
+    return [tiny, mlperf]
+
+
+def median_seconds(fn: Callable[[int], object], n: int, warmup: int = 1) -> float:
+    for i in range(warmup):
+        fn(-1 - i)
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def generator_rate(spec: WorkloadSpec, ids: str, batches: int) -> float:
+    cfg = spec.config
+    cfg2 = WorkloadConfig(**{**cfg.__dict__, "ids": IdsConfig(distribution=ids, zipf_alpha=cfg.ids.zipf_alpha)})
+    gen = SyntheticBatches(build_spec(cfg2), rank=0, world_size=1)
+    return cfg.batch_size / median_seconds(lambda i: gen.batch(abs(i)), batches)
+
+
+def random_rec_rate(spec: WorkloadSpec, batches: int) -> float:
+    from torchrec.datasets.random import RandomRecDataset
+
+    ids_per = [max(0, int(round(t.pooling_mean))) for t in spec.tables]
+    ds = RandomRecDataset(
+        keys=[t.feature_name for t in spec.tables],
+        batch_size=spec.config.batch_size,
+        hash_sizes=[t.physical_rows for t in spec.tables],
+        ids_per_features=ids_per,
+        min_ids_per_features=ids_per,  # fixed pooling, like ours
+        num_dense=spec.config.num_dense_features,
+        manual_seed=0,
+        num_generated_batches=-1,  # generate each batch on the fly
+    )
+    it = iter(ds)
+    return spec.config.batch_size / median_seconds(lambda i: next(it), batches)
+
+
+def to_kjt(batch: Batch):
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    return KeyedJaggedTensor(keys=batch.keys, values=batch.values, lengths=batch.lengths)
+
+
+def build_model(spec: WorkloadSpec) -> torch.nn.Module:
+    from torchrec.models.dlrm import DLRM, DLRM_DCN
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    cfg = spec.config
+    ebc = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(
+                name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.physical_rows, feature_names=[t.feature_name]
+            )
+            for t in spec.tables
+        ],
+        device=torch.device("cpu"),
+    )
+    dim = spec.tables[0].embedding_dim
+    dense_arch = list(cfg.dense_arch[:-1]) + [dim]  # the dense arch must end in the embedding dim
+    if cfg.arch == "dlrm_dcn":
+        return DLRM_DCN(
+            embedding_bag_collection=ebc,
+            dense_in_features=cfg.num_dense_features,
+            dense_arch_layer_sizes=dense_arch,
+            over_arch_layer_sizes=list(cfg.over_arch),
+            dcn_num_layers=cfg.dcn_num_layers,
+            dcn_low_rank_dim=cfg.dcn_low_rank_dim,
+        )
+    return DLRM(
+        embedding_bag_collection=ebc,
+        dense_in_features=cfg.num_dense_features,
+        dense_arch_layer_sizes=dense_arch,
+        over_arch_layer_sizes=list(cfg.over_arch),
+    )
+
+
+def step_seconds(spec: WorkloadSpec, steps: int) -> float:
+    torch.manual_seed(0)
+    model = build_model(spec)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    gen = SyntheticBatches(spec, rank=0, world_size=1)
+    batches = {i: gen.batch(abs(i)) for i in range(-1, steps)}  # generation kept out of the timing
+
+    def step(i: int) -> None:
+        b = batches[i]
+        kjt = to_kjt(b)
+        opt.zero_grad(set_to_none=True)
+        logits = model(dense_features=b.dense_features, sparse_features=kjt).squeeze(-1)
+        loss = loss_fn(logits, b.labels)
+        loss.backward()
+        opt.step()
+
+    return median_seconds(step, steps)
+
+
+@dataclass
+class Row:
+    shape: str
+    tables: int
+    batch: int
+    ids_per_sample: float
+    ours_zipf: float
+    ours_uniform: float
+    random_rec: float
+    step_ms: float
+
+    @property
+    def step_rate(self) -> float:
+        return self.batch / (self.step_ms / 1000)
+
+
+def fmt_rate(x: float) -> str:
+    return f"{x / 1e3:,.0f}k" if x >= 1e4 else f"{x:,.0f}"
+
+
+def render(rows: List[Row], header: str) -> None:
+    cols = [
+        "shape", "tables", "batch", "ids/sample", "ours zipf /s", "ours uniform /s", "RandomRec /s",
+        "step ms", "step /s", "ours/step", "ours/RandomRec", "uniform/RandomRec",
+    ]
+    data = [
+        [
+            r.shape, str(r.tables), str(r.batch), f"{r.ids_per_sample:g}", fmt_rate(r.ours_zipf),
+            fmt_rate(r.ours_uniform), fmt_rate(r.random_rec), f"{r.step_ms:,.1f}", fmt_rate(r.step_rate),
+            f"{r.ours_zipf / r.step_rate:,.1f}x", f"{r.ours_zipf / r.random_rec:,.2f}x",
+            f"{r.ours_uniform / r.random_rec:,.2f}x",
+        ]
+        for r in rows
+    ]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(header)
+        widths = [max(len(c), *(len(d[i]) for d in data)) for i, c in enumerate(cols)]
+        print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
+        for d in data:
+            print("  ".join(v.rjust(w) for v, w in zip(d, widths)))
+        return
+    table = Table(title=header)
+    for c in cols:
+        table.add_column(c, justify="left" if c == "shape" else "right")
+    for d in data:
+        table.add_row(*d)
+    Console(width=200).print(table)
+
+
+def main(argv: List[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batches", type=int, default=10, help="timed batches per generator (after 1 warm-up)")
+    p.add_argument("--steps", type=int, default=3, help="timed training steps per shape (after 1 warm-up)")
+    p.add_argument("--quick", action="store_true", help="small batches and few repeats (smoke run)")
+    args = p.parse_args(argv)
+    # torchrec's KeyedJaggedTensor trips torch.fx's one-time "is_fx_tracing" deprecation warning
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    batches, steps = (min(args.batches, 3), min(args.steps, 2)) if args.quick else (args.batches, args.steps)
+    if batches < 1 or steps < 1:
+        p.error("--batches and --steps must be >= 1")
+
+    t_start = time.perf_counter()
+    rows = []
+    for cfg in shapes(args.quick):
+        spec = build_spec(cfg)
+        rows.append(
+            Row(
+                shape=cfg.name,
+                tables=len(spec.tables),
+                batch=cfg.batch_size,
+                ids_per_sample=sum(round(t.pooling_mean) for t in spec.tables),
+                ours_zipf=generator_rate(spec, "zipf", batches),
+                ours_uniform=generator_rate(spec, "uniform", batches),
+                random_rec=random_rec_rate(spec, batches),
+                step_ms=step_seconds(spec, steps) * 1000,
+            )
+        )
+    header = (
+        f"samples/s on CPU (torch {torch.__version__}, {torch.get_num_threads()} intra-op threads for the step; "
+        f"generators single-threaded), median of {batches} batches / {steps} steps after warm-up"
+    )
+    render(rows, header)
+    print(
+        "ours/step > 1: one generator core produces batches faster than one training step consumes them.\n"
+        "ours/RandomRec: our Zipf stream vs RandomRecDataset's uniform torch.randint ids (which also builds the\n"
+        "KeyedJaggedTensor); uniform/RandomRec compares like for like.\n"
+        f"total {time.perf_counter() - t_start:.1f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Per-rank entry point, started by torchrun: init process group, build + shard, train, record.
+
+Exit codes: 0 ok, 3 out of memory (results and partial timeline written first), 1 anything else
+(torchelastic's `record` writes the error file torchrun reports as the root cause).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import json
+import os
+import signal
+import sys
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from bench.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_OOM
+from bench.memory.factory import make_recorder
+from bench.memory.oom import OomEvent
+from bench.memory.ownership import comm_modules, torchrec_ownership
+from bench.results import timeline_file, write_rank_result
+from bench.runspec import LaunchSpec, load_run_config
+from workloads.data import SyntheticBatches
+from workloads.tables import build_spec
+
+
+def log(rank: int, message: str) -> None:
+    if rank == 0:
+        print(f"[membench] {message}", flush=True)
+
+
+def build_sharded_model(cfg, spec, launch: LaunchSpec, device: torch.device):
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import get_default_sharders
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from workloads.model import build_model, dense_optimizer_class
+    from workloads.plan import make_planner, make_topology
+
+    model = build_model(spec, dense_device=device)
+    topology = make_topology(
+        world_size=launch.world_size, compute_device=launch.device_type,
+        hbm_cap_bytes=launch.capacity_bytes if launch.device_type == "cuda" else None,
+        ddr_cap_bytes=int(cfg.hardware.host_memory_gib * 2**30), local_world_size=launch.ranks_per_node)
+    planner = make_planner(spec, topology, cfg.sharding.type, dict(cfg.sharding.per_table),
+                           cfg.sharding.compute_kernel)
+    sharders = get_default_sharders()
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+    dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    optimizer = KeyedOptimizerWrapper(
+        dense_params, lambda params: dense_optimizer_class(cfg.workload.dense_optimizer)(params, lr=cfg.workload.dense_lr))
+    return dmp, optimizer, plan
+
+
+def install_comm_hooks(model, recorder) -> int:
+    """Allocations inside torchrec's all-to-all modules are comm buffers, when the backend can tell.
+
+    torchrec creates its input/output dist modules lazily in the first forward, so call this after it.
+    """
+    if not hasattr(recorder, "category"):
+        return 0
+    modules = list(comm_modules(model))
+    for module in modules:
+        def pre_hook(mod, args):
+            mod._membench_scope = recorder.category("comm_buffers")
+            mod._membench_scope.__enter__()
+
+        def post_hook(mod, args, out):
+            scope = getattr(mod, "_membench_scope", None)
+            if scope is not None:
+                mod._membench_scope = None
+                scope.__exit__(None, None, None)
+        module.register_forward_pre_hook(pre_hook)
+        module.register_forward_hook(post_hook)
+    return len(modules)
+
+
+def train(cfg, launch: LaunchSpec, run_dir: Path, rank: int, device: torch.device, recorder) -> None:
+    from workloads.model import to_torchrec_batch
+    from workloads.plan import describe_plan
+
+    spec = build_spec(cfg.workload)
+    t0 = time.perf_counter()
+    with recorder.phase(-1, "build"):
+        model, optimizer, plan = build_sharded_model(cfg, spec, launch, device)
+    recorder.attribute(torchrec_ownership(model, optimizer))
+    if rank == 0:
+        (run_dir / "sharding_plan.json").write_text(json.dumps(describe_plan(plan), indent=2) + "\n")
+    log(rank, f"built and sharded {len(spec.tables)} tables in {time.perf_counter() - t0:.1f} s; "
+              f"training {cfg.workload.warmup_steps} warm-up + {cfg.workload.steps} steps")
+    batches = SyntheticBatches(spec, rank, launch.world_size)
+    total_steps = cfg.workload.warmup_steps + cfg.workload.steps
+    for step in range(total_steps):
+        with recorder.phase(step, "input"):
+            batch = to_torchrec_batch(batches.batch(step), device)
+        with recorder.phase(step, "forward"):
+            loss, _ = model(batch)
+        with recorder.phase(step, "backward"):
+            loss.backward()
+        with recorder.phase(step, "optimizer"):
+            optimizer.step()
+            if step == 0:  # grads, optimizer state and comm modules exist only after a first step
+                recorder.attribute(torchrec_ownership(model, optimizer))
+                hooked = install_comm_hooks(model, recorder)
+                log(rank, f"charging allocations in {hooked} torchrec comm modules to comm_buffers")
+            optimizer.zero_grad()
+        del batch, loss
+        log(rank, f"step {step + 1}/{total_steps} done")
+    recorder.finish_steps()
+
+
+class Terminated(BaseException):
+    """SIGTERM from torchrun (a peer rank failed) or from the launcher's watchdog."""
+
+
+def raise_terminated(signum, frame) -> None:
+    raise Terminated(f"terminated by signal {signal.Signals(signum).name} (a peer rank failed or the run "
+                     f"was stopped)")
+
+
+def quiet_libraries() -> None:
+    """Known, harmless library chatter that would otherwise repeat once per rank in every log."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="torchrec")
+    for name in ("torchrec", "torch.fx._symbolic_trace"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def write_result(run_dir: Path, recorder, status: str, oom: OomEvent | None = None,
+                 error: str | None = None) -> None:
+    recorder.stop()
+    result = recorder.result(status)
+    result.oom = oom.to_dict() if oom else None
+    result.error = error
+    write_rank_result(run_dir, result)
+    recorder.close()
+
+
+@record
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="membench rank worker (started by torchrun)")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    quiet_libraries()
+    signal.signal(signal.SIGTERM, raise_terminated)
+    cfg, launch = load_run_config(args.run_dir)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    if launch.device_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    torch.manual_seed(cfg.workload.seed)
+    dist.init_process_group(backend=launch.dist_backend, timeout=timedelta(seconds=launch.collective_timeout_s))
+    timeline = timeline_file(args.run_dir, rank) if cfg.record.timeline else None
+    recorder = make_recorder(cfg, launch, rank, device, timeline, args.run_dir)
+    try:
+        recorder.start()
+        train(cfg, launch, args.run_dir, rank, device, recorder)
+    except torch.OutOfMemoryError as exc:
+        recorder.stop()
+        recorder.record_failure_row()
+        oom = OomEvent.from_exception(exc, rank, recorder.step, recorder.phase_name, recorder.failure_stats())
+        print(f"[membench] rank {rank} out of memory at step {recorder.step} ({recorder.phase_name}): "
+              f"{oom.message}", file=sys.stderr, flush=True)
+        write_result(args.run_dir, recorder, "oom", oom=oom)
+        # os._exit: the peers are blocked in a collective; a normal teardown could hang on them
+        sys.stdout.flush()
+        os._exit(EXIT_OOM)
+    except BaseException as exc:
+        recorder.stop()
+        recorder.record_failure_row()
+        write_result(args.run_dir, recorder, "failed", error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
+        if isinstance(exc, Terminated):
+            sys.stdout.flush()
+            os._exit(EXIT_FAILED)
+        raise  # torchelastic's @record turns this into the root-cause error file
+    write_result(args.run_dir, recorder, "ok")
+    dist.barrier()
+    dist.destroy_process_group()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Shared helpers: run the real CLI in a subprocess against a temporary results directory."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class CliRun:
+    returncode: int
+    output: str
+    results_dir: Path
+
+    def run_dirs(self) -> List[Path]:
+        return sorted(p.parent for p in self.results_dir.rglob("summary.json"))
+
+    def summaries(self) -> List[dict]:
+        return [json.loads((d / "summary.json").read_text()) for d in self.run_dirs()]
+
+    def only_summary(self) -> dict:
+        summaries = self.summaries()
+        assert len(summaries) == 1, self.output
+        return summaries[0]
+
+
+def run_cli(results_dir: Path, *args: str, timeout: float = 300) -> CliRun:
+    # Hydra's flags (-m, --cfg) must come before the overrides
+    flags = [a for a in args if a.startswith("-")]
+    overrides = [a for a in args if not a.startswith("-")]
+    cmd = [sys.executable, "-m", "bench", "run", *flags, f"results_dir={results_dir}", *overrides]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    return CliRun(proc.returncode, proc.stdout + proc.stderr, results_dir)
+
+
+@pytest.fixture
+def cli(tmp_path):
+    def _run(*args: str, timeout: float = 300) -> CliRun:
+        return run_cli(tmp_path / "runs", *args, timeout=timeout)
+    return _run

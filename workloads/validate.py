@@ -1,0 +1,152 @@
+"""Semantic checks of a composed run config, run before anything is launched.
+
+Each problem becomes one `ConfigError` line naming the field, the value and the fix, so a sweep point
+with a bad value is refused as `invalid` instead of crashing inside torchrec minutes later.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, List, Optional
+
+from workloads.config import WorkloadConfig
+
+ROWS_DISTRIBUTIONS = ("fixed", "log_uniform", "log_normal")
+MATERIALIZE = ("full", "scaled", "plan_only")
+DATA_TYPES = ("fp32", "fp16")
+POOLING_DISTRIBUTIONS = ("fixed", "uniform", "poisson", "pareto")
+ID_DISTRIBUTIONS = ("uniform", "zipf")
+ARCHS = ("dlrm", "dlrm_dcn")
+EMBEDDING_OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
+DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
+SHARDING_TYPES_CPU = ("data_parallel", "table_wise", "column_wise", "table_column_wise")
+SHARDING_TYPES_CUDA_ONLY = ("row_wise", "table_row_wise", "grid_shard")
+COMPUTE_KERNELS = ("auto", "fused", "dense", "fused_uvm_caching")
+# fbgemm's table-batched embedding kernels need every dim to be a multiple of 4 (vectorized rows)
+FBGEMM_DIM_ALIGNMENT = 4
+
+
+class ConfigError(ValueError):
+    """An invalid config value: one line with field, value and how to fix it."""
+
+    def __init__(self, field: str, value: Any, fix: str):
+        self.field, self.value, self.fix = field, value, fix
+        super().__init__(f"invalid config: {field}={value!r}: {fix}")
+
+
+def _one_of(field: str, value: str, allowed: Iterable[str]) -> None:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ConfigError(field, value, f"use one of {', '.join(allowed)}")
+
+
+def _positive(field: str, value: float, what: str = "must be > 0") -> None:
+    if not value > 0:
+        raise ConfigError(field, value, what)
+
+
+def _length(field: str, values: List[Any], num_tables: int) -> None:
+    if values and len(values) != num_tables:
+        raise ConfigError(
+            field, list(values), f"give one value per table ({num_tables}, workload.num_tables) or none"
+        )
+
+
+def validate_workload(cfg: WorkloadConfig, prefix: str = "workload") -> None:
+    p = prefix
+    if cfg.rows_list:
+        if cfg.num_tables != len(cfg.rows_list):
+            raise ConfigError(f"{p}.rows_list", list(cfg.rows_list),
+                              f"give one row count per table ({cfg.num_tables}, {p}.num_tables)")
+    _positive(f"{p}.num_tables", cfg.num_tables, "need at least one table (>= 1)")
+    _one_of(f"{p}.rows_distribution", cfg.rows_distribution, ROWS_DISTRIBUTIONS)
+    for i, rows in enumerate(cfg.rows_list):
+        _positive(f"{p}.rows_list[{i}]", rows, "row counts must be >= 1")
+    if not cfg.rows_list:
+        if cfg.rows_distribution == "fixed":
+            _positive(f"{p}.rows", cfg.rows, "row count must be >= 1")
+        else:
+            _positive(f"{p}.rows_min", cfg.rows_min, "row count must be >= 1")
+            if cfg.rows_max < cfg.rows_min:
+                raise ConfigError(f"{p}.rows_max", cfg.rows_max, f"must be >= {p}.rows_min ({cfg.rows_min})")
+    _one_of(f"{p}.materialize", cfg.materialize, MATERIALIZE)
+    _positive(f"{p}.scaled_max_gib", cfg.scaled_max_gib)
+    _one_of(f"{p}.data_type", cfg.data_type, DATA_TYPES)
+    _length(f"{p}.embedding_dims", cfg.embedding_dims, cfg.num_tables)
+    dims = list(cfg.embedding_dims) or [cfg.embedding_dim]
+    dim_field = f"{p}.embedding_dims" if cfg.embedding_dims else f"{p}.embedding_dim"
+    for dim in dims:
+        _positive(dim_field, dim, "embedding dims must be >= 1")
+        if dim % FBGEMM_DIM_ALIGNMENT:
+            raise ConfigError(dim_field, dim, f"fbgemm needs embedding dims that are multiples of "
+                                              f"{FBGEMM_DIM_ALIGNMENT}; use e.g. {dim + (-dim) % 4}")
+    _positive(f"{p}.num_dense_features", cfg.num_dense_features, "need at least one dense feature")
+
+    pool = cfg.pooling
+    _one_of(f"{p}.pooling.distribution", pool.distribution, POOLING_DISTRIBUTIONS)
+    _length(f"{p}.pooling.per_table_mean", pool.per_table_mean, cfg.num_tables)
+    if pool.min < 0:
+        raise ConfigError(f"{p}.pooling.min", pool.min, "must be >= 0")
+    if pool.max < max(pool.min, 1):
+        raise ConfigError(f"{p}.pooling.max", pool.max, f"must be >= max(1, {p}.pooling.min)")
+    means = list(pool.per_table_mean) or [pool.mean]
+    mean_field = f"{p}.pooling.per_table_mean" if pool.per_table_mean else f"{p}.pooling.mean"
+    for mean in means:
+        if not (pool.min <= mean <= pool.max) or mean <= 0:
+            raise ConfigError(mean_field, mean, f"mean pooling must be > 0 and within "
+                                                f"[{p}.pooling.min, {p}.pooling.max] = [{pool.min}, {pool.max}]")
+    if pool.distribution == "pareto" and not pool.pareto_alpha > 1:
+        raise ConfigError(f"{p}.pooling.pareto_alpha", pool.pareto_alpha, "must be > 1 for a finite mean")
+    _one_of(f"{p}.ids.distribution", cfg.ids.distribution, ID_DISTRIBUTIONS)
+    if cfg.ids.distribution == "zipf" and not (0 < cfg.ids.zipf_alpha <= 5):
+        raise ConfigError(f"{p}.ids.zipf_alpha", cfg.ids.zipf_alpha, "Zipf exponent must be in (0, 5]")
+
+    _one_of(f"{p}.arch", cfg.arch, ARCHS)
+    for name in ("dense_arch", "over_arch"):
+        layers = list(getattr(cfg, name))
+        if not layers or any(size < 1 for size in layers):
+            raise ConfigError(f"{p}.{name}", layers, "give a non-empty list of layer sizes >= 1")
+    if cfg.over_arch[-1] != 1:
+        raise ConfigError(f"{p}.over_arch", list(cfg.over_arch), "the last layer must be 1 (the logit)")
+    if len(set(dims)) != 1:
+        raise ConfigError(dim_field, dims, "DLRM interactions need one embedding dim for all tables")
+    if cfg.dense_arch[-1] != dims[0]:
+        raise ConfigError(f"{p}.dense_arch", list(cfg.dense_arch),
+                          f"the last layer must equal the embedding dim ({dims[0]})")
+    if cfg.arch == "dlrm_dcn":
+        _positive(f"{p}.dcn_num_layers", cfg.dcn_num_layers, "need at least one DCN layer")
+        _positive(f"{p}.dcn_low_rank_dim", cfg.dcn_low_rank_dim, "must be >= 1")
+    _one_of(f"{p}.embedding_optimizer", cfg.embedding_optimizer, EMBEDDING_OPTIMIZERS)
+    _one_of(f"{p}.dense_optimizer", cfg.dense_optimizer, DENSE_OPTIMIZERS)
+    _positive(f"{p}.embedding_lr", cfg.embedding_lr)
+    _positive(f"{p}.dense_lr", cfg.dense_lr)
+    _positive(f"{p}.batch_size", cfg.batch_size, "per-rank batch size must be >= 1")
+    _positive(f"{p}.steps", cfg.steps, "need at least one measured step")
+    if cfg.warmup_steps < 0:
+        raise ConfigError(f"{p}.warmup_steps", cfg.warmup_steps, "must be >= 0")
+
+
+def validate_sharding_type(field: str, value: str, device_type: str, allow_auto: bool) -> None:
+    allowed = (("auto",) if allow_auto else ()) + SHARDING_TYPES_CPU + SHARDING_TYPES_CUDA_ONLY
+    _one_of(field, value, allowed)
+    if device_type == "cpu" and value in SHARDING_TYPES_CUDA_ONLY:
+        raise ConfigError(field, value, f"torchrec shards {value} only on CUDA; on CPU use one of "
+                                        f"{', '.join(SHARDING_TYPES_CPU)}")
+
+
+def check_host_memory(physical_bytes: int, replicas: int, optimizer_factor: float,
+                      available_bytes: int, field: str, value: Any) -> None:
+    """Refuse workloads whose materialized tables alone would not fit in this machine's RAM."""
+    needed = physical_bytes * replicas * optimizer_factor
+    usable = 0.8 * available_bytes
+    if needed > usable:
+        raise ConfigError(field, value, f"materialized tables need about {needed / 2**30:.1f} GiB of host "
+                                        f"RAM but only {usable / 2**30:.1f} GiB is usable here; use "
+                                        f"workload.materialize=scaled workload.scaled_max_gib=<GiB>")
+
+
+def first_error(checks: Iterable[Callable[[], None]]) -> Optional[ConfigError]:
+    for check in checks:
+        try:
+            check()
+        except ConfigError as err:
+            return err
+    return None
