@@ -15,6 +15,8 @@ RUN_STATUSES = ("ok", "oom", "failed", "timeout", "invalid")
 CATEGORIES = (
     "embedding_weights",
     "embedding_optimizer",
+    # gradients of tables that are not fused into the optimizer (data-parallel tables, native backend)
+    "embedding_grads",
     "dense_params",
     "dense_grads",
     "dense_optimizer",

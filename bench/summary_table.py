@@ -12,7 +12,7 @@ from bench.results import RunSummary
 GIB = 1024**3
 MIB = 1024**2
 # Short names keep the per-rank table readable in an 80-column CI log
-SHORT = {"embedding_weights": "emb_w", "embedding_optimizer": "emb_opt", "dense_params": "dense_p",
+SHORT = {"embedding_weights": "emb_w", "embedding_optimizer": "emb_opt", "embedding_grads": "emb_g", "dense_params": "dense_p",
          "dense_grads": "dense_g", "dense_optimizer": "dense_opt", "activations": "act",
          "comm_buffers": "comm", "allocator_overhead": "alloc_ovh", "non_torch": "non_torch", "other": "other"}
 STATUS_STYLE = {"ok": "green", "oom": "red", "failed": "red", "timeout": "yellow", "invalid": "magenta"}

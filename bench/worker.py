@@ -132,6 +132,8 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module="torchrec")
     for name in ("torchrec", "torch.fx._symbolic_trace"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # torchrec logs this through the root logger for every data-parallel table
+    logging.getLogger().addFilter(lambda record: "Sharding spec not found" not in record.getMessage())
 
 
 def write_result(run_dir: Path, recorder, status: str, oom: OomEvent | None = None,

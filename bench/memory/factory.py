@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from bench.memory.cpu import CpuExactRecorder
-from bench.memory.recorder import MemoryRecorder
+from bench.memory.recorder import MemoryRecorder, StepTimeRecorder
 
 
 def cuda_capacity_bytes(device: torch.device) -> int:
@@ -17,6 +17,8 @@ def cuda_capacity_bytes(device: torch.device) -> int:
 def make_recorder(cfg, launch, rank: int, device: torch.device, timeline_path: Optional[Path],
                   run_dir: Path) -> MemoryRecorder:
     warmup = cfg.workload.warmup_steps
+    if not cfg.record.enabled:
+        return StepTimeRecorder(rank, device, launch.capacity_bytes, timeline_path, warmup)
     if device.type == "cuda":
         from bench.memory.cuda import CudaRecorder
 

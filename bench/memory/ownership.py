@@ -24,39 +24,32 @@ def _local_tensors(value) -> Iterator[torch.Tensor]:
         yield value
 
 
-def _state_tensors(state: Dict) -> Iterator[torch.Tensor]:
-    for per_param in state.values():
-        if isinstance(per_param, dict):
-            for value in per_param.values():
-                yield from _local_tensors(value)
-        else:
-            yield from _local_tensors(per_param)
+def _state_tensors(per_param: Dict) -> Iterator[torch.Tensor]:
+    for value in per_param.values() if isinstance(per_param, dict) else [per_param]:
+        yield from _local_tensors(value)
 
 
-def torchrec_ownership(model: nn.Module, dense_optimizer: torch.optim.Optimizer) -> Dict[str, List[torch.Tensor]]:
-    embedding_weights: List[torch.Tensor] = []
+def torchrec_ownership(model: nn.Module, dense_optimizer) -> Dict[str, List[torch.Tensor]]:
+    """Tensors by owner category. `dense_optimizer` is a torchrec KeyedOptimizer (state keyed by name):
+    it also steps data-parallel tables, whose state is embedding optimizer state."""
+    owned: Dict[str, List[torch.Tensor]] = {category: [] for category in (
+        "embedding_weights", "embedding_grads", "embedding_optimizer", "dense_params", "dense_grads",
+        "dense_optimizer")}
+    # state_dict reaches the fused (fbgemm) tables' shards, which are not parameters of the model
     for key, value in model.state_dict().items():
         if EMBEDDING_MODULE_KEY in key:
-            embedding_weights.extend(_local_tensors(value))
-    embedding_ids = {t.untyped_storage()._cdata for t in embedding_weights}
-    embedding_optimizer = list(_state_tensors(model.fused_optimizer.state_dict()["state"]))
-
-    dense_params, dense_grads = [], []
-    for param in model.parameters():
-        local = list(_local_tensors(param))
-        if any(t.untyped_storage()._cdata in embedding_ids for t in local):
-            continue
-        dense_params.extend(local)
+            owned["embedding_weights"].extend(_local_tensors(value))
+    for name, param in model.named_parameters():
+        is_embedding = EMBEDDING_MODULE_KEY in name
+        owned["embedding_weights" if is_embedding else "dense_params"].extend(_local_tensors(param))
         if param.grad is not None:
-            dense_grads.extend(_local_tensors(param.grad))
-    dense_optimizer_state = list(_state_tensors(dense_optimizer.state_dict()["state"]))
-    return {
-        "embedding_weights": embedding_weights,
-        "embedding_optimizer": embedding_optimizer,
-        "dense_params": dense_params,
-        "dense_grads": dense_grads,
-        "dense_optimizer": dense_optimizer_state,
-    }
+            owned["embedding_grads" if is_embedding else "dense_grads"].extend(_local_tensors(param.grad))
+    for per_param in model.fused_optimizer.state_dict()["state"].values():
+        owned["embedding_optimizer"].extend(_state_tensors(per_param))
+    for name, per_param in dense_optimizer.state_dict()["state"].items():
+        category = "embedding_optimizer" if EMBEDDING_MODULE_KEY in str(name) else "dense_optimizer"
+        owned[category].extend(_state_tensors(per_param))
+    return owned
 
 
 DIST_ATTRIBUTES = ("_input_dists", "_output_dists")

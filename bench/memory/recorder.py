@@ -206,3 +206,18 @@ class MemoryRecorder:
 
     def _extra_peaks(self, segment: str) -> Dict[str, Optional[int]]:
         return {"peak_allocated_bytes": self.segment_peaks[segment]}
+
+
+class StepTimeRecorder(MemoryRecorder):
+    """`record.enabled=false`: phases and step times only, no memory accounting (the overhead baseline)."""
+
+    name = "none"
+
+    def _sample(self) -> PhaseSample:
+        return PhaseSample(in_use_bytes=0, phase_peak_bytes=0, reserved_bytes=None, device_used_bytes=None)
+
+    def _reset_segment_peak(self) -> None:
+        pass
+
+    def _breakdown(self, segment: str, peak_bytes: int) -> Dict[str, int]:
+        return complete_breakdown(peak_bytes, {})
