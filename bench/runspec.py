@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from bench.config import RunConfig
 from workloads.tables import GIB, build_spec
-from workloads.validate import (COMPUTE_KERNELS, ConfigError, check_host_memory, validate_sharding_type,
+from workloads.validate import (COMPUTE_KERNELS, EMBEDDING_OPTIMIZERS_CPU_FUSED, ConfigError, check_host_memory, validate_sharding_type,
                                 validate_workload)
 
 DEFAULT_CPU_RANKS = 2
@@ -89,6 +89,18 @@ def resolve_launch(cfg: RunConfig, cuda_devices: int) -> LaunchSpec:
                       collective_timeout_s=max(60, cfg.timeout_s))
 
 
+def apply_global_batch(cfg: RunConfig, world_size: int) -> None:
+    """workload.global_batch_size -> per-rank batch_size; refuses batches that do not split evenly."""
+    global_batch = cfg.workload.global_batch_size
+    if global_batch is None:
+        return
+    if global_batch < 1 or global_batch % world_size:
+        raise ConfigError("workload.global_batch_size", global_batch,
+                          f"must be a positive multiple of the world size ({world_size}); e.g. "
+                          f"{max(world_size, global_batch - global_batch % world_size)}")
+    cfg.workload.batch_size = global_batch // world_size
+
+
 def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int | None = None) -> None:
     """Raise ConfigError for the first problem; nothing has been launched or written yet."""
     if cfg.mode != "train":
@@ -99,6 +111,7 @@ def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int |
         raise ConfigError("record.cpu_mode", cfg.record.cpu_mode, "only `exact` is available")
     if cfg.record.nvml_interval_ms < 1:
         raise ConfigError("record.nvml_interval_ms", cfg.record.nvml_interval_ms, "must be >= 1")
+    apply_global_batch(cfg, launch.world_size)
     validate_workload(cfg.workload)
     sharding = cfg.sharding
     validate_sharding_type("sharding.type", sharding.type, launch.device_type, allow_auto=True)
@@ -115,6 +128,12 @@ def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int |
     if sharding.compute_kernel == "fused_uvm_caching" and launch.device_type != "cuda":
         raise ConfigError("sharding.compute_kernel", sharding.compute_kernel,
                           "UVM caching needs CUDA; on CPU use auto, fused or dense")
+    all_data_parallel = {sharding.type, *sharding.per_table.values()} == {"data_parallel"}
+    if (launch.device_type == "cpu" and not all_data_parallel
+            and cfg.workload.embedding_optimizer not in EMBEDDING_OPTIMIZERS_CPU_FUSED):
+        raise ConfigError("workload.embedding_optimizer", cfg.workload.embedding_optimizer,
+                          f"fbgemm's CPU kernels fuse only {' / '.join(EMBEDDING_OPTIMIZERS_CPU_FUSED)} into "
+                          f"the backward; use one of those on CPU (or sharding=data_parallel)")
     spec = build_spec(cfg.workload)
     if spec.is_plan_only:
         raise ConfigError("workload.materialize", "plan_only",

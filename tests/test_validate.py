@@ -1,6 +1,8 @@
 """Every bad input is refused before launch with one line naming the field and the fix."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.config import RunConfig
@@ -9,6 +11,7 @@ from workloads.config import WorkloadConfig
 from workloads.validate import ConfigError, validate_workload
 
 GIB = 1024**3
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_config(**workload) -> RunConfig:
@@ -97,6 +100,18 @@ def test_unknown_sharding_type_and_table():
         check(cfg)
 
 
+def test_fused_adam_is_refused_on_cpu_but_not_for_data_parallel():
+    cfg = run_config(embedding_optimizer="adam")
+    with pytest.raises(ConfigError, match="CPU kernels fuse only") as info:
+        check(cfg)
+    assert info.value.field == "workload.embedding_optimizer"
+    cfg.sharding.type = "data_parallel"
+    check(cfg)
+    gpu = run_config(embedding_optimizer="adam")
+    gpu.hardware.device = "cuda"
+    check(gpu, cuda_devices=2)
+
+
 def test_uvm_caching_needs_cuda():
     cfg = run_config()
     cfg.sharding.compute_kernel = "fused_uvm_caching"
@@ -147,3 +162,41 @@ def test_validate_workload_direct():
     validate_workload(WorkloadConfig())
     with pytest.raises(ConfigError):
         validate_workload(WorkloadConfig(num_tables=-1))
+
+
+def test_global_batch_must_split_evenly_over_ranks():
+    cfg = run_config(global_batch_size=1001)
+    with pytest.raises(ConfigError, match="multiple of the world size") as info:
+        check(cfg)
+    assert info.value.field == "workload.global_batch_size"
+    cfg = run_config(global_batch_size=1000)
+    check(cfg)
+    assert cfg.workload.batch_size == 500
+
+
+def test_mlperf_preset_embedding_bytes_are_the_exact_sum_of_its_tables():
+    from omegaconf import OmegaConf
+
+    from workloads.tables import build_spec
+
+    preset = OmegaConf.load(REPO_ROOT / "conf" / "workload" / "mlperf_dcnv2.yaml")
+    workload = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(WorkloadConfig), preset))
+    validate_workload(workload)
+    spec = build_spec(workload)
+    assert len(spec.tables) == 26
+    assert spec.virtual_bytes == sum(preset.rows_list) * 128 * 4
+    assert spec.physical_bytes <= workload.scaled_max_gib * GIB
+
+
+@pytest.mark.parametrize("name, terabytes", [("tb_1", 1), ("tb_10", 10), ("tb_100", 100)])
+def test_virtual_presets_are_terabyte_scale_and_plan_only(name, terabytes):
+    from omegaconf import OmegaConf
+
+    from workloads.tables import build_spec
+
+    preset = OmegaConf.load(REPO_ROOT / "conf" / "workload" / f"{name}.yaml")
+    workload = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(WorkloadConfig), preset))
+    validate_workload(workload)
+    spec = build_spec(workload)
+    assert spec.is_plan_only and spec.physical_bytes == 0
+    assert 0.9 * terabytes <= spec.virtual_bytes / 1e12 <= 1.1 * terabytes

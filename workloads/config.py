@@ -71,6 +71,8 @@ class WorkloadConfig:
     dense_lr: float = 0.001
     # per rank
     batch_size: int = 512
+    # Optional global batch: when set, it must divide evenly by the world size and sets batch_size
+    global_batch_size: Optional[int] = None
     warmup_steps: int = 1
     steps: int = 5
     seed: int = 0

@@ -70,7 +70,7 @@ class CudaRecorder(MemoryRecorder):
 
     def attribute(self, ownership: Dict[str, List[torch.Tensor]]) -> None:
         for category, tensors in ownership.items():
-            self._static_bytes[category] = unique_storage_bytes(t for t in tensors if t.is_cuda)
+            self._static_bytes[category] = unique_storage_bytes(t for t in tensors if t.device == self.device)
 
     def failure_stats(self) -> Dict[str, int]:
         stats = self._read_stats(self.device).to_dict()
