@@ -35,7 +35,8 @@ def invalid_summary(cfg: RunConfig, run_id: str, sweep_id: Optional[str], error:
     )
 
 
-def execute_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[str]) -> RunSummary:
+def execute_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[str],
+                echo: bool = True) -> RunSummary:
     from bench.launch import launch_run
 
     cfg.run_id = run_id
@@ -49,7 +50,7 @@ def execute_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[s
         return summary
     print(f"[membench] run {run_id}: workload={cfg.workload.name} on {launch.world_size} "
           f"{launch.device_type} rank(s) ({launch.dist_backend}); results in {run_dir}", flush=True)
-    return launch_run(cfg, launch, run_dir, run_id, sweep_id=sweep_id)
+    return launch_run(cfg, launch, run_dir, run_id, sweep_id=sweep_id, echo=echo)
 
 
 def record_in_sweep(sweep_dir: Path, summary: RunSummary, overrides: List[str]) -> None:

@@ -14,23 +14,12 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
-from bench.cli import register_resolvers
-from bench.config import register_configs
-from bench.launch import launch_run
-from bench.run_app import CONF_DIR
-from bench.runspec import cuda_device_count, resolve_launch, to_run_config, validate_run
+from bench.suite import run_overrides
 
 
 def measure(overrides, enabled: bool, results: Path, index: int) -> float:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        dict_cfg = compose("config", overrides=[*overrides, f"record.enabled={str(enabled).lower()}"])
-    cfg = to_run_config(dict_cfg)
-    launch = resolve_launch(cfg, cuda_device_count())
-    validate_run(cfg, launch)
     run_id = f"{'on' if enabled else 'off'}-{index}"
-    summary = launch_run(cfg, launch, results / run_id, run_id, echo=False)
+    summary = run_overrides([*overrides, f"record.enabled={str(enabled).lower()}"], results / run_id, run_id)
     if summary.status != "ok":
         raise SystemExit(f"benchmark run {run_id} ended {summary.status}: {summary.error}")
     return summary.job.step_time_ms_p50
@@ -42,8 +31,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. workload.steps=20")
     args = parser.parse_args()
-    register_configs()
-    register_resolvers()
     overrides = [f"workload={args.workload}", "workload.steps=15", *args.overrides]
     on, off = [], []
     with tempfile.TemporaryDirectory(prefix="membench-overhead-") as tmp:
