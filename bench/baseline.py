@@ -104,6 +104,10 @@ def load_baseline(path: Path, entry: SuiteEntry) -> Dict[str, Any]:
                if key not in data]
     if missing:
         raise BaselineError(f"corrupt baseline {path} (missing {', '.join(missing)}); {REGENERATE}")
+    for metric, tolerance in dict(data["tolerances"]).items():
+        if metric not in METRICS or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 10:
+            raise BaselineError(f"baseline {path}: tolerances.{metric}={tolerance!r}: use one of {', '.join(METRICS)} "
+                                f"with a relative tolerance in [0, 10) (0.05 = 5%)")
     return data
 
 

@@ -186,6 +186,11 @@ def test_baseline_schema_and_suite_errors_are_one_line(tmp_path):
     with pytest.raises(BaselineError, match="schema_version 99") as info:
         load_baseline(path, ENTRY)
     assert "\n" not in str(info.value)
+    good = make_baseline(ENTRY, summary(), rtol=0.0)
+    good["tolerances"]["peak_bytes"] = 15_000_000
+    path.write_text(json.dumps(good))
+    with pytest.raises(BaselineError, match="tolerances.peak_bytes=15000000"):
+        load_baseline(path, ENTRY)
     suite = tmp_path / "s.yaml"
     suite.write_text("name: s\nhardware: cpu\nentries:\n  - {name: 'Bad Name'}\n")
     with pytest.raises(SuiteError, match="lower-case"):
