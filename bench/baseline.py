@@ -17,6 +17,8 @@ from bench.suite import SuiteEntry
 BASELINE_SCHEMA_VERSION = 1
 METRICS = ("peak_bytes", "utilization", "imbalance")
 REGENERATE = "regenerate with: pytest -m membench --update-baselines"
+# The prediction's worst per-rank |error| may grow by this many percentage points before it fails
+ESTIMATE_ERROR_TOLERANCE_PP = 1.0
 
 
 class BaselineError(ValueError):
@@ -78,8 +80,15 @@ def make_baseline(entry: SuiteEntry, summary: RunSummary, rtol: float) -> Dict[s
             for r in data["per_rank"]
         ],
         "imbalance": summary.job.imbalance,
+        "estimate_error_pct": worst_estimate_error(data.get("estimate")),
         "tolerances": {metric: rtol for metric in METRICS},
     }
+
+
+def worst_estimate_error(estimate: Optional[Dict[str, Any]]) -> Optional[float]:
+    """Largest |predicted - measured| / measured over the ranks that ran, in %; None without a prediction."""
+    errors = [abs(e) for e in (estimate or {}).get("error_pct") or [] if e is not None]
+    return round(max(errors), 3) if errors else None
 
 
 def write_baseline(path: Path, baseline: Dict[str, Any]) -> None:
@@ -168,6 +177,10 @@ def compare(entry: SuiteEntry, baseline: Dict[str, Any], summary: RunSummary,
                                        _relative(base_value, now_value), f"{100 * tolerances[metric]:g}%"))
             elif metric == "peak_bytes" and now_value < base_value:
                 result.notes.append(f"{name}: rank {rank} peak shrank {_relative(base_value, now_value)}")
+    base_error, now_error = baseline.get("estimate_error_pct"), worst_estimate_error(now.get("estimate"))
+    if base_error is not None and now_error is not None and now_error > base_error + ESTIMATE_ERROR_TOLERANCE_PP:
+        result.rows.append(Row(name, "job", "estimate |error| %", base_error, now_error,
+                               f"{now_error - base_error:+.2f} pp", f"{ESTIMATE_ERROR_TOLERANCE_PP:g} pp"))
     if _exceeds(baseline["imbalance"], summary.job.imbalance, tolerances["imbalance"], True):
         result.rows.append(Row(name, "job", "imbalance", round(baseline["imbalance"], 6),
                                round(summary.job.imbalance, 6), _relative(baseline["imbalance"], summary.job.imbalance),

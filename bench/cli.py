@@ -18,17 +18,27 @@ from bench.exit_codes import EXIT_INVALID, STATUS_EXIT_CODE, worst_status
 USAGE = """usage: membench <command> [hydra overrides...]
 
 commands:
-  run     launch a workload under torchrun and record memory per rank (Hydra app; -m for a sweep)
+  run        launch a workload under torchrun and record memory per rank (Hydra app; -m for a sweep)
+  plan       estimate per-rank memory for any world size (no GPU, tables never materialized)
+  provision  recommend the smallest world size that fits with headroom (and per batch size)
+  calibrate  fit the peak predictor from measured runs (results/calibration/<hardware>.json)
 
 examples:
   membench run                                      # tiny workload, hardware=auto (CPU: 2 ranks)
   membench run workload=small sharding=column_wise
   membench run -m workload.batch_size=256,1024 workload.num_tables=4,16
   membench run --help                               # config groups and every option
+  membench plan workload=tb_10 hardware=h100_80g world_size=512
+  membench provision workload=tb_1 hardware=h100_80g plan.headroom=0.1
 
 exit status: 0 ok, 1 failed, 2 invalid config, 3 out of memory, 4 timeout
 """
-COMMANDS = ("run",)
+COMMANDS = ("run", "plan", "provision", "calibrate")
+# Hydra apps: module and function
+HYDRA_COMMANDS = {"run": ("bench.run_app", "main"), "plan": ("bench.plan_app", "plan_main"),
+                  "provision": ("bench.plan_app", "provision_main")}
+# subcommands with their own argparse interface (the rest are Hydra apps)
+ARGPARSE_COMMANDS = {"calibrate": "bench.calibrate"}
 
 
 def new_run_id() -> str:
@@ -53,14 +63,21 @@ def main(argv: Optional[List[str]] = None) -> None:
         print(f"membench: unknown command {command!r}; use one of {', '.join(COMMANDS)}\n\n{USAGE}",
               file=sys.stderr)
         sys.exit(EXIT_INVALID)
+    if command in ARGPARSE_COMMANDS:
+        import importlib
+
+        sys.exit(importlib.import_module(ARGPARSE_COMMANDS[command]).main(rest))
+    import importlib
+
     from bench import run_app
     from bench.config import register_configs
 
     register_configs()
     register_resolvers()
     sys.argv = [f"membench {command}", *rest]
+    module, function = HYDRA_COMMANDS[command]
     try:
-        run_app.main()
+        getattr(importlib.import_module(module), function)()
     except SystemExit as exc:
         # Hydra exits 1 on a bad override or unknown key, before our app runs: that is `invalid`.
         if exc.code not in (0, None) and not run_app.STATUSES:

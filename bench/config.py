@@ -6,7 +6,7 @@ against these dataclasses by Hydra itself (unknown key or wrong type -> refused 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -60,14 +60,33 @@ class ModelConfig:
 
 
 @dataclass
+class PlanConfig:
+    # membench (fast greedy placement on torchrec-compatible storage) | torchrec (its default planner;
+    # minutes at thousands of tables and ranks)
+    planner: str = "membench"
+    # Row-wise split of tables larger than this share of a rank's capacity (CUDA only)
+    max_shard_fraction: float = 0.25
+    # Provisioning: keep this share of each rank's capacity free
+    headroom: float = 0.10
+    # Provisioning: largest world size to consider, and per-rank batch sizes to try (empty: the workload's)
+    max_world_size: int = 8192
+    batch_sizes: List[int] = field(default_factory=list)
+
+
+@dataclass
 class RunConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     record: RecordConfig = field(default_factory=RecordConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    # train (launch under torchrun); plan mode lands with the planner
+    # train (launch under torchrun) | plan (estimate only, any world size) | provision; set by the command
     mode: str = "train"
+    # Plan mode: ranks to plan for (default nodes x hardware.ranks_per_node); `nodes` overrides
+    # hardware.nodes
+    world_size: Optional[int] = None
+    nodes: Optional[int] = None
+    plan: PlanConfig = field(default_factory=PlanConfig)
     results_dir: str = "results/runs"
     # Wall-clock limit of one torchrun job; exceeded -> status `timeout`, process group killed
     timeout_s: int = 900

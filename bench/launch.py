@@ -21,6 +21,7 @@ from bench.results import (ResultsError, RankResult, RunSummary, job_stats, load
                            write_summary)
 from bench.runspec import LaunchSpec, config_hash, write_run_config
 from bench.config import RunConfig
+from bench.predict import score, try_predict_run
 from bench.versions import environment_versions
 
 KILL_GRACE_S = 5.0
@@ -150,6 +151,7 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
                sweep_id: Optional[str] = None, echo: bool = True) -> RunSummary:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_config(run_dir, cfg, launch)
+    estimate = try_predict_run(cfg, launch)
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     outcome = run_process(torchrun_command(launch, run_dir), worker_env(launch), run_dir / "launcher.log",
                           cfg.timeout_s, echo=echo)
@@ -175,6 +177,7 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
         per_rank=sorted(ranks, key=lambda r: r.rank),
         job=job_stats(ranks, cfg.workload.batch_size, cfg.workload.warmup_steps),
         sharding_plan=read_plan(run_dir),
+        estimate=score(estimate, ranks),
         sweep_id=sweep_id,
     )
     write_summary(run_dir, summary)

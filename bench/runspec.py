@@ -104,7 +104,7 @@ def apply_global_batch(cfg: RunConfig, world_size: int) -> None:
 def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int | None = None) -> None:
     """Raise ConfigError for the first problem; nothing has been launched or written yet."""
     if cfg.mode != "train":
-        raise ConfigError("mode", cfg.mode, "only `train` runs exist so far (plan mode is not built yet)")
+        raise ConfigError("mode", cfg.mode, "`membench run` trains; use `membench plan` or `membench provision`")
     if cfg.model.backend != "torchrec":
         raise ConfigError("model.backend", cfg.model.backend, "only the torchrec backend exists so far")
     if cfg.record.cpu_mode != "exact":
@@ -138,8 +138,9 @@ def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int |
     if spec.is_plan_only:
         raise ConfigError("workload.materialize", "plan_only",
                           f"workload {cfg.workload.name!r} is virtual ({spec.virtual_bytes / 1e12:.1f} TB of "
-                          f"tables) and cannot be trained on this machine; plan mode is not built yet, or "
-                          f"train a shrunk copy with workload.materialize=scaled")
+                          f"tables) and cannot be trained on this machine; use `membench plan "
+                          f"workload={cfg.workload.name} hardware=h100_80g world_size=512`, or train a shrunk "
+                          f"copy with workload.materialize=scaled")
     if launch.device_type == "cpu":
         types = {sharding.type, *sharding.per_table.values()}
         replicas = launch.world_size if "data_parallel" in types else 1

@@ -6,13 +6,11 @@ Exit codes: 0 ok, 3 out of memory (results and partial timeline written first), 
 from __future__ import annotations
 
 import argparse
-import logging
 import json
 import os
 import signal
 import sys
 import time
-import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from bench.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_OOM
 from bench.memory.factory import make_recorder
 from bench.memory.oom import OomEvent
 from bench.memory.ownership import comm_modules, torchrec_ownership
+from bench.quiet import quiet_libraries
 from bench.results import timeline_file, write_rank_result
 from bench.runspec import LaunchSpec, load_run_config
 from workloads.data import SyntheticBatches
@@ -42,18 +41,12 @@ def build_sharded_model(cfg, spec, launch: LaunchSpec, device: torch.device):
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from workloads.model import build_model, dense_optimizer_class
-    from workloads.plan import make_planner, make_topology
+    from workloads.plan import make_sharding_plan
 
     model = build_model(spec, dense_device=device)
-    topology = make_topology(
-        world_size=launch.world_size, compute_device=launch.device_type,
-        hbm_cap_bytes=launch.capacity_bytes if launch.device_type == "cuda" else None,
-        ddr_cap_bytes=int(cfg.hardware.host_memory_gib * 2**30), local_world_size=launch.ranks_per_node)
-    planner = make_planner(spec, topology, cfg.sharding.type, dict(cfg.sharding.per_table),
-                           cfg.sharding.compute_kernel)
-    sharders = get_default_sharders()
-    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+    plan, _ = make_sharding_plan(cfg, spec, launch.world_size, launch.ranks_per_node, launch.device_type,
+                                 launch.capacity_bytes, model, dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=get_default_sharders())
     dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
     optimizer = KeyedOptimizerWrapper(
         dense_params, lambda params: dense_optimizer_class(cfg.workload.dense_optimizer)(params, lr=cfg.workload.dense_lr))
@@ -124,16 +117,6 @@ class Terminated(BaseException):
 def raise_terminated(signum, frame) -> None:
     raise Terminated(f"terminated by signal {signal.Signals(signum).name} (a peer rank failed or the run "
                      f"was stopped)")
-
-
-def quiet_libraries() -> None:
-    """Known, harmless library chatter that would otherwise repeat once per rank in every log."""
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=UserWarning, module="torchrec")
-    for name in ("torchrec", "torch.fx._symbolic_trace"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    # torchrec logs this through the root logger for every data-parallel table
-    logging.getLogger().addFilter(lambda record: "Sharding spec not found" not in record.getMessage())
 
 
 def write_result(run_dir: Path, recorder, status: str, oom: OomEvent | None = None,

@@ -46,6 +46,11 @@ def test_tiny_run_end_to_end_and_deterministic(cli):
         for field in DETERMINISTIC_FIELDS:
             assert mine[field] == theirs[field], field
     assert "per-rank memory" in first.output
+    # the prediction made before launch, scored against the measurement (calibrated on other runs)
+    estimate = summary["estimate"]
+    assert estimate["calibration"].startswith("membench calibrate")
+    assert all(abs(error) <= 3.0 for error in estimate["error_pct"]), estimate["error_pct"]
+    assert len(estimate["torchrec_per_rank_peak"]) == 2 and len(estimate["torchrec_error_pct"]) == 2
 
 
 def test_analytic_table_wise_rowwise_adagrad(cli):

@@ -225,3 +225,14 @@ def test_workflow_runs_ci_on_push_and_gpu_suite_nightly():
     assert any(step.get("uses", "").startswith("actions/upload-artifact") for step in gpu["steps"])
     for suite in ("ci_cpu", "nightly_gpu"):
         load_suite(root / "conf" / "suite" / f"{suite}.yaml")
+
+
+def test_estimate_error_growth_fails_beyond_one_point():
+    measured = summary(peaks=(100, 100))
+    measured.estimate = {"error_pct": [0.5, -1.0]}
+    baseline = make_baseline(ENTRY, measured, rtol=0.0)
+    assert baseline["estimate_error_pct"] == 1.0
+    measured.estimate = {"error_pct": [1.9, -1.0]}
+    assert compare(ENTRY, baseline, measured).ok
+    measured.estimate = {"error_pct": [2.5, -1.0]}
+    assert [r.metric for r in compare(ENTRY, baseline, measured).rows] == ["estimate |error| %"]

@@ -57,15 +57,64 @@ def make_planner(spec: WorkloadSpec, topology, sharding_type: str, per_table: Di
 
 
 def describe_plan(plan) -> List[dict]:
-    """One row per table: sharding type, compute kernel and the ranks holding its shards."""
+    """One row per table: sharding type, compute kernel, the ranks holding it and each shard's
+    [rows, cols] (none for data-parallel tables, which every rank holds whole)."""
     rows = []
     for module_path, module_plan in plan.plan.items():
         for table_name, param_sharding in module_plan.items():
+            spec = param_sharding.sharding_spec
+            shards = [{"rank": shard.placement.rank(), "offsets": list(shard.shard_offsets),
+                       "sizes": list(shard.shard_sizes)} for shard in getattr(spec, "shards", None) or []]
             rows.append({
                 "module": module_path,
                 "table": table_name,
                 "sharding_type": param_sharding.sharding_type,
                 "compute_kernel": param_sharding.compute_kernel,
                 "ranks": list(param_sharding.ranks or []),
+                "shards": shards,
             })
     return sorted(rows, key=lambda row: row["table"])
+
+
+def make_sharding_plan(cfg, spec: WorkloadSpec, world_size: int, ranks_per_node: int, device_type: str,
+                       capacity_bytes: int, model, process_group=None):
+    """torchrec's plan for `model` (tables on meta) on this topology: (ShardingPlan, planner).
+
+    With a process group, rank 0 plans and broadcasts (what the workers do); without one the plan is
+    computed locally, which is how the launcher predicts memory before starting any rank. The planner
+    is deterministic, so both give the same plan.
+    """
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    topology = make_topology(
+        world_size=world_size, compute_device=device_type,
+        hbm_cap_bytes=capacity_bytes if device_type == "cuda" else None,
+        ddr_cap_bytes=int(cfg.hardware.host_memory_gib * GIB), local_world_size=ranks_per_node)
+    planner = make_planner(spec, topology, cfg.sharding.type, dict(cfg.sharding.per_table),
+                           cfg.sharding.compute_kernel)
+    sharders = get_default_sharders()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if process_group is not None:
+            plan = planner.collective_plan(model, sharders, process_group)
+        else:
+            plan = planner.plan(model, sharders)
+    return plan, planner
+
+
+def torchrec_rank_estimates(planner, world_size: int) -> List[int]:
+    """torchrec's own per-rank memory estimate for its chosen plan: the storage of every shard it placed
+    (weights, optimizer state and its input/output buffer estimates) plus what its storage reservation
+    set aside for dense tensors and KJTs. Reads private planner state (`_best_plan`,
+    `_storage_reservation`): this is the one place that does."""
+    per_rank = [0] * world_size
+    for option in planner._best_plan or []:
+        for shard in option.shards:
+            if shard.rank is not None and shard.storage is not None:
+                per_rank[shard.rank] += shard.storage.hbm + shard.storage.ddr
+    reservation = getattr(planner, "_storage_reservation", None)
+    for name in ("_dense_storage", "_kjt_storage"):
+        storage = getattr(reservation, name, None)
+        if storage is not None:
+            per_rank = [total + storage.hbm + storage.ddr for total in per_rank]
+    return per_rank

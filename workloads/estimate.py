@@ -1,0 +1,332 @@
+"""Per-rank peak memory prediction, before launch, for any sharding plan and world size.
+
+    predicted peak = embedding storage from the plan (weights, optimizer state, and gradients of
+                     data-parallel tables)
+                   + a dry run of the dense part (dense/interaction/over arch, loss, backward, dense
+                     optimizer) on the meta device, counted by the same live-tensor tracker as real runs
+                   + persistent dense gradient buckets (DDP)
+                   + sum_i c_i * feature_i   (a calibrated correction)
+
+The dry run simulates the rank's sparse side too (input and received ids, pooled lookups, the
+all-to-all buffers of forward and backward, with torchrec's lifetimes), so peaks that do not
+coincide are not simply added. The correction's features are sizes the model implies (pooled
+embeddings received and sent, ids, replicated tables); its coefficients are calibrated per hardware
+from measured runs (`membench calibrate`, results/calibration/<hardware>.json), zero without one.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from workloads.spec import WorkloadSpec
+
+FEATURES = ("const", "pooled_received", "pooled_sent", "ids_input", "ids_received", "data_parallel_tables")
+# Uncalibrated: the simulated step is taken as is (no correction).
+DEFAULT_COEFFICIENTS = {name: 0.0 for name in FEATURES}
+CALIBRATION_SCHEMA_VERSION = 1
+ROWWISE_STATE_BYTES = 4  # fbgemm keeps one fp32 accumulator per row
+
+
+@dataclass
+class RankShare:
+    """What one rank holds of the embedding tables, and the sizes that drive its sparse activations."""
+    weight_bytes: int = 0
+    optimizer_bytes: int = 0
+    grad_bytes: int = 0  # data-parallel tables: dense gradients of full tables
+    sent_dims: int = 0  # sum of embedding dims of the (column) shards this rank looks up
+    sent_pooling: float = 0.0  # sum of mean pooling factors of the tables it looks up
+
+
+@dataclass
+class RankPrediction:
+    rank: int
+    total_bytes: int
+    breakdown: Dict[str, int]
+    features: Dict[str, float] = field(default_factory=dict)
+
+
+def optimizer_state_bytes(optimizer: str, rows: int, cols: int, weight_element_bytes: int) -> int:
+    if optimizer == "sgd":
+        return 0
+    if optimizer == "rowwise_adagrad":
+        return rows * ROWWISE_STATE_BYTES
+    if optimizer in ("adam", "adagrad"):
+        states = 2 if optimizer == "adam" else 1
+        return states * rows * cols * 4
+    raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int) -> List[RankShare]:
+    """Per-rank embedding storage from `workloads.plan.describe_plan` rows (torchrec's ShardingPlan)."""
+    cfg = spec.config
+    tables = {t.name: t for t in spec.tables}
+    shares = [RankShare() for _ in range(world_size)]
+    for row in plan_rows:
+        table = tables[row["table"]]
+        element = table.bytes_per_element
+        if row["sharding_type"] == "data_parallel":
+            # replicated everywhere; gradients materialize and the dense optimizer keeps their state
+            for share in shares:
+                share.weight_bytes += table.physical_bytes
+                share.grad_bytes += table.physical_bytes
+                share.optimizer_bytes += optimizer_state_bytes(cfg.dense_optimizer, table.physical_rows,
+                                                               table.embedding_dim, element)
+            continue  # looked up locally for the local batch: nothing crosses an all-to-all
+        for shard in row["shards"]:
+            rows, cols = shard["sizes"]
+            share = shares[shard["rank"]]
+            share.weight_bytes += rows * cols * element
+            share.optimizer_bytes += optimizer_state_bytes(cfg.embedding_optimizer, rows, cols, element)
+            share.sent_dims += cols
+            share.sent_pooling += table.pooling_mean
+    return shares
+
+
+def features_for_rank(spec: WorkloadSpec, share: RankShare, world_size: int) -> Dict[str, float]:
+    cfg = spec.config
+    batch = cfg.batch_size
+    total_dims = sum(t.embedding_dim for t in spec.tables)
+    total_pooling = sum(t.pooling_mean for t in spec.tables)
+    return {
+        "const": 1.0,
+        "pooled_received": batch * total_dims * 4.0,
+        "pooled_sent": batch * world_size * share.sent_dims * 4.0,
+        "ids_input": batch * total_pooling * 8.0,
+        "ids_received": batch * world_size * share.sent_pooling * 8.0,
+        # replicated tables: their dense gradients and lookups are not simulated in the dry run
+        "data_parallel_tables": float(share.grad_bytes),
+    }
+
+
+@dataclass
+class DenseDryRun:
+    params_bytes: int
+    optimizer_bytes: int
+    peak_bytes: int  # params + optimizer state + activations (+ simulated sparse buffers) at the peak
+
+
+class DryRunModel:
+    """The dense part of the model on `meta` (dense arch, interaction, over arch, dense optimizer),
+    built once and stepped with placeholders for what the sharded embeddings allocate on a rank."""
+
+    def __init__(self, spec: WorkloadSpec):
+        import torch
+        from torch import nn
+        from torchrec.sparse.jagged_tensor import KeyedTensor
+
+        from workloads.model import build_model, dense_optimizer_class
+
+        self.spec, self.meta = spec, torch.device("meta")
+        cfg = spec.config
+        self.dlrm = build_model(spec, self.meta).model.to(self.meta)  # DCN layers start on the default device
+        self.params = [p for name, p in self.dlrm.named_parameters() if "sparse_arch" not in name]
+        self.optimizer = dense_optimizer_class(cfg.dense_optimizer)(self.params, lr=cfg.dense_lr)
+        self.keys = [t.feature_name for t in spec.tables]
+        self.dims = [t.embedding_dim for t in spec.tables]
+        self.pooled = None  # set per step: the KeyedTensor the sharded EBC would return
+        model = self
+
+        class PooledEmbeddings(nn.Module):
+            def forward(self, features):
+                return KeyedTensor(keys=model.keys, length_per_key=model.dims, values=model.pooled)
+
+        self.dlrm.sparse_arch.embedding_bag_collection = PooledEmbeddings()
+
+    def run(self, share: Optional[RankShare] = None, world_size: int = 1, steps: int = 2) -> DenseDryRun:
+        """Two training steps counted by the live-tensor tracker. With a `share`, the sparse side of
+        the rank is simulated too: input ids, received ids (kept for the fused backward), the pooled
+        lookups and the all-to-all buffers of forward and backward, with the lifetimes torchrec gives them
+        (collective buffers last until the end of their phase, as in the CPU recorder)."""
+        import torch
+        from torch import nn
+
+        from bench.memory.live_tensors import LiveTensorTracker
+
+        meta, cfg = self.meta, self.spec.config
+        batch, total_dims = cfg.batch_size, sum(self.dims)
+        total_pooling = sum(t.pooling_mean for t in self.spec.tables)
+        tracker = LiveTensorTracker(meta, capacity_bytes=1 << 62, rank=0)
+        tracker.track_tensors(self.params, "dense_params")
+        for state in self.optimizer.state.values():
+            tracker.track_tensors([v for v in state.values() if isinstance(v, torch.Tensor)], "dense_optimizer")
+        sent = int(batch * world_size * share.sent_dims) if share else 0
+        empty = lambda n, dtype=torch.float32: torch.empty(max(0, int(n)), dtype=dtype, device=meta)
+
+        class AllToAll(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, received):
+                return received.view(batch, total_dims)
+
+            @staticmethod
+            def backward(ctx, grad):
+                # backward all-to-all: registered copy of the gradient, and the gradient of the lookups
+                held.extend([empty(grad.numel()), empty(sent)])
+                return grad.reshape(-1)
+
+        held: list = []
+        with tracker:
+            for _ in range(steps):
+                tracker.category = "activations"
+                dense, labels = empty(batch * cfg.num_dense_features).view(batch, -1), empty(batch)
+                if share is not None:
+                    ids = [empty(batch * total_pooling, torch.int64), empty(len(self.dims) * batch, torch.int32)]
+                    received_ids = empty(batch * world_size * share.sent_pooling, torch.int64)
+                    lookups = empty(sent)
+                    comm = [empty(sent), empty(batch * total_dims)]  # registered send copy, receive buffer
+                    del lookups
+                    received = comm[1].requires_grad_()
+                    self.pooled = AllToAll.apply(received)
+                else:
+                    self.pooled = empty(batch * total_dims).view(batch, total_dims).requires_grad_()
+                logits = self.dlrm(dense, None).squeeze(-1)
+                loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
+                if share is not None:
+                    del comm  # end of forward: the collective buffers go
+                    tracker.flush_deferred()
+                loss.backward()
+                held.clear()
+                tracker.category = "dense_optimizer"
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+                self.pooled = None
+                del dense, labels, logits, loss
+                if share is not None:
+                    del ids, received_ids, received
+        return DenseDryRun(params_bytes=tracker.by_category.get("dense_params", 0),
+                           optimizer_bytes=tracker.by_category.get("dense_optimizer", 0),
+                           peak_bytes=tracker.peak_bytes)
+
+
+def dense_dry_run(spec: WorkloadSpec, steps: int = 2) -> DenseDryRun:
+    """Dense arch + interaction + over arch + loss + backward + dense optimizer on `meta`, counted."""
+    return DryRunModel(spec).run(steps=steps)
+
+
+def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[str, float],
+            dense: Optional[DenseDryRun] = None, simulate_sparse: bool = True) -> List[RankPrediction]:
+    """Per-rank peak. With `simulate_sparse`, each distinct rank share gets its own dry run that includes
+    the sparse-side buffers; otherwise one dense dry run plus the linear feature terms."""
+    world_size = len(shares)
+    model = DryRunModel(spec) if simulate_sparse or dense is None else None
+    dense = dense or (None if simulate_sparse else model.run())
+    runs: Dict[tuple, DenseDryRun] = {}
+    predictions = []
+    for rank, share in enumerate(shares):
+        features = features_for_rank(spec, share, world_size)
+        if simulate_sparse:
+            key = (share.sent_dims, round(share.sent_pooling, 3))
+            if key not in runs:
+                runs[key] = model.run(share, world_size)
+            run = runs[key]
+        else:
+            run = dense
+        activations = run.peak_bytes - run.params_bytes - run.optimizer_bytes
+        residual = sum(coefficients.get(name, 0.0) * value for name, value in features.items())
+        breakdown = {
+            "embedding_weights": share.weight_bytes,
+            "embedding_optimizer": share.optimizer_bytes,
+            "embedding_grads": share.grad_bytes,
+            "dense_params": run.params_bytes,
+            "dense_grads": run.params_bytes,  # DDP keeps persistent fp32 gradient buckets
+            "dense_optimizer": run.optimizer_bytes,
+            "activations": int(round(activations + residual)),
+        }
+        predictions.append(RankPrediction(rank, sum(breakdown.values()), breakdown, features))
+    return predictions
+
+
+# -- calibration ---------------------------------------------------------------------------------
+@dataclass
+class Calibration:
+    hardware: str
+    coefficients: Dict[str, float]
+    points: int = 0
+    max_abs_error_pct: Optional[float] = None
+    source: str = "default"
+    schema_version: int = CALIBRATION_SCHEMA_VERSION
+
+
+def calibration_path(root: Path, hardware: str) -> Path:
+    return Path(root) / f"{hardware}.json"
+
+
+def load_calibration(root: Path, hardware: str) -> Calibration:
+    """The stored calibration for `hardware`, or the uncalibrated defaults when there is none."""
+    path = calibration_path(root, hardware)
+    if not path.exists():
+        return Calibration(hardware=hardware, coefficients=dict(DEFAULT_COEFFICIENTS))
+    data = json.loads(path.read_text())
+    if data.get("schema_version") != CALIBRATION_SCHEMA_VERSION or set(data.get("coefficients", {})) != set(FEATURES):
+        raise ValueError(f"{path}: unsupported calibration file; regenerate with `membench calibrate hardware={hardware}`")
+    return Calibration(**data)
+
+
+def fit_coefficients(samples: List[Dict[str, float]], residuals: List[float]) -> Dict[str, float]:
+    """Non-negative least squares of residual bytes on the features (a buffer lives >= 0 times).
+
+    Exact for a handful of features: solve ordinary least squares on every subset of features and
+    keep the best solution whose coefficients are all >= 0.
+    """
+    import itertools
+
+    import numpy as np
+
+    matrix = np.array([[sample[name] for name in FEATURES] for sample in samples], dtype=float)
+    target = np.array(residuals, dtype=float)
+    scale = np.abs(matrix).max(axis=0)
+    scale[scale == 0] = 1.0
+    scaled = matrix / scale
+    best, best_error = np.zeros(len(FEATURES)), float(np.sum(target ** 2))
+    for size in range(1, len(FEATURES) + 1):
+        for subset in itertools.combinations(range(len(FEATURES)), size):
+            solution, *_ = np.linalg.lstsq(scaled[:, subset], target, rcond=None)
+            if np.any(solution < 0):
+                continue
+            error = float(np.sum((scaled[:, subset] @ solution - target) ** 2))
+            if error < best_error - 1e-9 * max(1.0, best_error):
+                best = np.zeros(len(FEATURES))
+                best[list(subset)] = solution
+                best_error = error
+    return {name: float(value / s) for name, value, s in zip(FEATURES, best, scale)}
+
+
+def save_calibration(root: Path, calibration: Calibration) -> Path:
+    from bench.results import atomic_write_json
+
+    path = calibration_path(root, calibration.hardware)
+    atomic_write_json(path, asdict(calibration))
+    return path
+
+
+# -- plan mode: shares from membench's own placement, and device overheads -----------------------
+# Uncalibrated GPU defaults (replaced by a calibration when one exists): the caching allocator keeps
+# about this share above what tensors use, and the CUDA context, NCCL and cuBLAS take about this much.
+GPU_ALLOCATOR_OVERHEAD_FRACTION = 0.05
+GPU_NON_TORCH_BYTES = 1 << 30
+
+
+def shares_from_placement(placement, spec: WorkloadSpec) -> List[RankShare]:
+    """Per-rank embedding storage from a `workloads.placement.Placement` (virtual-row shards)."""
+    tables = {t.name: t for t in spec.tables}
+    shares = [RankShare() for _ in range(placement.world_size)]
+    for shard in placement.shards:
+        table = tables[shard.table]
+        share = shares[shard.rank]
+        share.weight_bytes += shard.weight_bytes
+        share.optimizer_bytes += shard.optimizer_bytes
+        share.sent_dims += shard.dim
+        # a row-wise shard sees the ids that hash into its rows
+        share.sent_pooling += table.pooling_mean * shard.rows / max(1, table.virtual_rows)
+    return shares
+
+
+def add_device_overheads(prediction: RankPrediction, device_type: str) -> RankPrediction:
+    if device_type != "cuda":
+        return prediction
+    torch_bytes = prediction.total_bytes
+    prediction.breakdown["allocator_overhead"] = int(torch_bytes * GPU_ALLOCATOR_OVERHEAD_FRACTION)
+    prediction.breakdown["non_torch"] = GPU_NON_TORCH_BYTES
+    prediction.total_bytes = sum(prediction.breakdown.values())
+    return prediction
