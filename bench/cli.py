@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import List, Optional
 
-from bench.exit_codes import EXIT_INVALID, STATUS_EXIT_CODE, worst_status
+from bench.exit_codes import EXIT_INTERRUPTED, EXIT_INVALID, STATUS_EXIT_CODE, worst_status
 
 USAGE = """usage: membench <command> [hydra overrides...]
 
@@ -31,7 +31,7 @@ examples:
   membench plan workload=tb_10 hardware=h100_80g world_size=512
   membench provision workload=tb_1 hardware=h100_80g plan.headroom=0.1
 
-exit status: 0 ok, 1 failed, 2 invalid config, 3 out of memory, 4 timeout
+exit status: 0 ok, 1 failed, 2 invalid config, 3 out of memory, 4 timeout, 130 interrupted
 """
 COMMANDS = ("run", "plan", "provision", "calibrate")
 # Hydra apps: module and function
@@ -46,11 +46,34 @@ def new_run_id() -> str:
     return f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
+# Sweep directories this process resolved: with a launcher that runs points in other processes
+# (submitit), the exit status is read back from their sweep.json.
+SWEEP_DIRS: List[Path] = []
+
+
+def sweep_dir(results_dir: str) -> str:
+    path = f"{results_dir}/sweep-{new_run_id()}"
+    SWEEP_DIRS.append(Path(path))
+    return path
+
+
 def register_resolvers() -> None:
     from omegaconf import OmegaConf
 
-    # use_cache: one id per process, so a sweep's directory is resolved once for all its jobs
+    # use_cache: one value per process, so a sweep's directory is resolved once for all its jobs
     OmegaConf.register_new_resolver("membench_id", new_run_id, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("membench_sweep_dir", sweep_dir, use_cache=True, replace=True)
+
+
+def statuses_from_sweeps() -> List[str]:
+    import json
+
+    statuses = []
+    for path in SWEEP_DIRS:
+        index = path / "sweep.json"
+        if index.exists():
+            statuses.extend(run["status"] for run in json.loads(index.read_text()).get("runs", []))
+    return statuses
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -83,10 +106,16 @@ def main(argv: Optional[List[str]] = None) -> None:
         if exc.code not in (0, None) and not run_app.STATUSES:
             sys.exit(EXIT_INVALID)
         raise
+    except KeyboardInterrupt:
+        print("membench: interrupted; the running torchrun was stopped, finished runs are kept", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     if run_app.STATUSES:
         if len(run_app.STATUSES) > 1:
             run_app.print_sweep_table()
         sys.exit(STATUS_EXIT_CODE[worst_status(status for _, status, _ in run_app.STATUSES)])
+    statuses = statuses_from_sweeps()  # points that ran in other processes
+    if statuses:
+        sys.exit(STATUS_EXIT_CODE[worst_status(statuses)])
 
 
 if __name__ == "__main__":

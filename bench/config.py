@@ -60,6 +60,21 @@ class ModelConfig:
 
 
 @dataclass
+class LauncherConfig:
+    # No progress (a finished phase on any rank) for this long -> the run is killed as a whole process
+    # group and marked `timeout`; collectives time out after the same time, so a dead peer cannot hang
+    # the others forever.
+    watchdog_s: int = 300
+    # Multi-node (hardware.nodes > 1): c10d rendezvous at node 0's host:port, the same on every node
+    rdzv_endpoint: str = "127.0.0.1:29400"
+    # This node's index when each node runs its own `membench run` (all nodes must share results_dir
+    # and pass the same hydra.run.dir); null with spawn_all_nodes=true starts every node's agent here
+    node_rank: Optional[int] = None
+    # Start every node's torchrun agent on this machine (a multi-node job emulated on one host)
+    spawn_all_nodes: bool = False
+
+
+@dataclass
 class PlanConfig:
     # membench (fast greedy placement on torchrec-compatible storage) | torchrec (its default planner;
     # minutes at thousands of tables and ranks)
@@ -80,6 +95,7 @@ class RunConfig:
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     record: RecordConfig = field(default_factory=RecordConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
     # train (launch under torchrun) | plan (estimate only, any world size) | provision; set by the command
     mode: str = "train"
     # Plan mode: ranks to plan for (default nodes x hardware.ranks_per_node); `nodes` overrides
@@ -89,7 +105,7 @@ class RunConfig:
     plan: PlanConfig = field(default_factory=PlanConfig)
     results_dir: str = "results/runs"
     # Wall-clock limit of one torchrun job; exceeded -> status `timeout`, process group killed
-    timeout_s: int = 900
+    timeout_s: int = 1800
     # Set by the CLI from Hydra's output directory; not meant to be overridden
     run_id: str = ""
 

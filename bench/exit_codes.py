@@ -4,6 +4,7 @@ EXIT_FAILED = 1
 EXIT_INVALID = 2
 EXIT_OOM = 3
 EXIT_TIMEOUT = 4
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 STATUS_EXIT_CODE = {"ok": EXIT_OK, "failed": EXIT_FAILED, "invalid": EXIT_INVALID, "oom": EXIT_OOM,
                     "timeout": EXIT_TIMEOUT}

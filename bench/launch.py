@@ -6,6 +6,7 @@ timeout can kill every rank, and its output is streamed to the console and to `l
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from bench.exit_codes import STATUS_EXIT_CODE
 from bench.results import (ResultsError, RankResult, RunSummary, job_stats, load_rank_result, rank_file,
@@ -29,67 +30,110 @@ KILL_GRACE_S = 5.0
 
 @dataclass
 class ProcessOutcome:
-    returncode: Optional[int]
-    timed_out: bool
+    returncodes: List[Optional[int]]
+    timed_out: bool  # the wall-clock limit (timeout_s) ran out
+    stalled: bool  # the watchdog saw no progress for watchdog_s
     wall_s: float
     log_tail: List[str]
 
+    @property
+    def returncode(self) -> Optional[int]:
+        """0 when every agent succeeded, else the first failing agent's code."""
+        return next((code for code in self.returncodes if code != 0), 0)
 
-def torchrun_command(launch: LaunchSpec, run_dir: Path) -> List[str]:
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone",  # single node: c10d rendezvous on a free local port
-        f"--nproc-per-node={launch.ranks_per_node}",
-        "--max-restarts=0",
-        "-m", "bench.worker", "--run-dir", str(run_dir),
-    ]
+
+def torchrun_commands(launch: LaunchSpec, run_dir: Path, run_id: str) -> List[List[str]]:
+    """One torchrun agent per node started on this machine (one, unless spawn_all_nodes)."""
+    worker = ["-m", "bench.worker", "--run-dir", str(run_dir)]
+    common = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.ranks_per_node}",
+              "--max-restarts=0"]
+    if not launch.multi_node:
+        return [[*common, "--standalone", *worker]]  # single node: rendezvous on a free local port
+    rdzv_id = "membench-" + "".join(c if c.isalnum() else "-" for c in run_id)
+    return [[*common, f"--nnodes={launch.nodes}", f"--node-rank={node}", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--rdzv-id={rdzv_id}", *worker]
+            for node in launch.local_node_ranks]
 
 
 def worker_env(launch: LaunchSpec) -> dict:
     env = dict(os.environ)
-    # Share the cores between ranks instead of torchrun's blanket 1 thread (and its banner).
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // launch.ranks_per_node)))
+    # Share this machine's cores between the ranks it runs, instead of torchrun's blanket 1 thread.
+    local_ranks = launch.ranks_per_node * len(launch.local_node_ranks)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_ranks)))
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONWARNINGS"] = env.get("PYTHONWARNINGS", "ignore::FutureWarning")
     return env
 
 
-def run_process(cmd: List[str], env: dict, log_path: Path, timeout_s: float, echo: bool = True,
-                tail_lines: int = 40) -> ProcessOutcome:
-    """Run `cmd` in a new session, tee its output, kill the whole group on timeout or Ctrl-C."""
-    started = time.monotonic()
+def latest_progress(run_dir: Path) -> float:
+    """Wall-clock time of the most recent heartbeat any rank wrote (0 if none yet)."""
+    times = [p.stat().st_mtime for p in Path(run_dir).glob(".progress_rank*")]
+    return max(times, default=0.0)
+
+
+def run_agents(cmds: List[List[str]], env: dict, log_path: Path, timeout_s: float, *, watchdog_s: float,
+               progress: Callable[[], float] = lambda: 0.0, echo: bool = True,
+               tail_lines: int = 60, poll_s: float = 0.2) -> ProcessOutcome:
+    """Run the agents, each in its own session, tee their output, and kill every process group on a
+    wall-clock timeout, on a stall (no progress for watchdog_s), when one agent fails and the others
+    do not follow within KILL_GRACE_S * 6, or on Ctrl-C (then re-raise)."""
+    started_wall, started = time.time(), time.monotonic()
     tail: List[str] = []
+    lock = threading.Lock()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                bufsize=1, start_new_session=True)
+        procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  bufsize=1, start_new_session=True) for cmd in cmds]
 
-        def pump() -> None:
+        def pump(proc: subprocess.Popen, prefix: str) -> None:
             for line in proc.stdout:
-                log.write(line)
-                log.flush()
-                tail.append(line.rstrip("\n"))
-                del tail[:-tail_lines]
-                if echo:
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
+                with lock:
+                    log.write(prefix + line)
+                    log.flush()
+                    tail.append(prefix + line.rstrip("\n"))
+                    del tail[:-tail_lines]
+                    if echo:
+                        sys.stdout.write(prefix + line)
+                        sys.stdout.flush()
 
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        timed_out = False
+        readers = [threading.Thread(target=pump, args=(proc, f"[node {i}] " if len(procs) > 1 else ""),
+                                    daemon=True) for i, proc in enumerate(procs)]
+        for reader in readers:
+            reader.start()
+        timed_out = stalled = False
+        first_failure: Optional[float] = None
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            kill_group(proc)
+            while any(proc.poll() is None for proc in procs):
+                now = time.monotonic()
+                if now - started > timeout_s:
+                    timed_out = True
+                elif time.time() - max(progress(), started_wall) > watchdog_s:
+                    stalled = True
+                if first_failure is None and any(proc.poll() not in (None, 0) for proc in procs):
+                    first_failure = now
+                lagging = first_failure is not None and now - first_failure > 6 * KILL_GRACE_S
+                if timed_out or stalled or lagging:
+                    for proc in procs:
+                        kill_group(proc)
+                    break
+                time.sleep(poll_s)
         except KeyboardInterrupt:
-            kill_group(proc)
+            for proc in procs:
+                kill_group(proc)
             raise
-        reader.join(timeout=KILL_GRACE_S)
-    return ProcessOutcome(proc.returncode, timed_out, time.monotonic() - started, tail)
+        for reader in readers:
+            reader.join(timeout=KILL_GRACE_S)
+    return ProcessOutcome([proc.returncode for proc in procs], timed_out, stalled, time.monotonic() - started, tail)
 
 
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGTERM the process group (torchrun forwards it to the ranks), then SIGKILL whatever is left."""
+    if proc.poll() is not None:
+        # the agent is gone, but ranks in its session may not be
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -105,24 +149,62 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def collect_ranks(run_dir: Path, world_size: int) -> tuple[List[RankResult], List[str]]:
-    ranks, problems = [], []
-    for rank in range(world_size):
-        path = rank_file(run_dir, rank)
-        if not path.exists():
-            problems.append(f"rank {rank} wrote no result")
+# torchrun's failure summary: "rank      : 1 (local_rank: 1)" followed by "exitcode  : -9 (pid: 123)"
+_FAILURE_RANK = re.compile(r"^\s*(?:\[node \d+\] )?\s*rank\s*:\s*(\d+)")
+_FAILURE_EXIT = re.compile(r"^\s*(?:\[node \d+\] )?\s*exitcode\s*:\s*(-?\d+)")
+
+
+def rank_exit_codes(log_lines: List[str]) -> Dict[int, int]:
+    """Exit codes torchrun reported per global rank in its failure summary."""
+    codes, rank = {}, None
+    for line in log_lines:
+        match = _FAILURE_RANK.match(line)
+        if match:
+            rank = int(match.group(1))
             continue
+        match = _FAILURE_EXIT.match(line)
+        if match and rank is not None:
+            codes.setdefault(rank, int(match.group(1)))
+            rank = None
+    return codes
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
         try:
-            ranks.append(load_rank_result(path))
-        except ResultsError as err:
-            problems.append(str(err))
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def collect_ranks(run_dir: Path, launch: LaunchSpec, log_path: Path) -> Tuple[List[RankResult], List[str]]:
+    """Every rank's result; a rank that wrote none (killed by a signal, crashed hard) gets a `failed`
+    entry with what torchrun said about it."""
+    ranks, problems = [], []
+    exit_codes: Optional[Dict[int, int]] = None
+    for rank in range(launch.world_size):
+        path = rank_file(run_dir, rank)
+        if path.exists():
+            try:
+                ranks.append(load_rank_result(path))
+                continue
+            except ResultsError as err:
+                problems.append(str(err))
+        if exit_codes is None:
+            exit_codes = rank_exit_codes(log_path.read_text(errors="replace").splitlines()) if log_path.exists() else {}
+        how = describe_exit(exit_codes[rank]) if rank in exit_codes else "ended without writing a result"
+        problems.append(f"rank {rank} {how}")
+        ranks.append(RankResult(rank=rank, status="failed", device=launch.device_type,
+                                capacity_bytes=launch.capacity_bytes, recorder="none",
+                                error=f"rank {rank} {how}; no result written"))
     return ranks, problems
 
 
 def run_status(outcome: ProcessOutcome, ranks: List[RankResult], world_size: int) -> str:
     if any(r.status == "oom" for r in ranks):
         return "oom"
-    if outcome.timed_out:
+    if outcome.timed_out or outcome.stalled:
         return "timeout"
     if outcome.returncode == 0 and len(ranks) == world_size and all(r.status == "ok" for r in ranks):
         return "ok"
@@ -130,15 +212,25 @@ def run_status(outcome: ProcessOutcome, ranks: List[RankResult], world_size: int
 
 
 def failure_reason(status: str, outcome: ProcessOutcome, ranks: List[RankResult], problems: List[str],
-                   timeout_s: float) -> Optional[str]:
+                   cfg: RunConfig) -> Optional[str]:
     if status == "ok":
         return None
     if status == "timeout":
-        return f"no result within timeout_s={timeout_s:g} s; killed the torchrun process group"
+        if outcome.stalled:
+            return (f"no progress for launcher.watchdog_s={cfg.launcher.watchdog_s} s; killed the torchrun "
+                    f"process group")
+        return f"no result within timeout_s={cfg.timeout_s} s; killed the torchrun process group"
     if status == "oom":
         first = next(r for r in ranks if r.status == "oom")
         oom = first.oom or {}
         return f"rank {first.rank} out of memory at step {oom.get('step')} ({oom.get('phase')}): {oom.get('message')}"
+    # a rank that died without a result is the root cause; the others were terminated after it
+    for rank in ranks:
+        if rank.error and rank.recorder == "none":
+            return rank.error
+    for rank in ranks:
+        if rank.error and "terminated by signal" not in rank.error:
+            return f"rank {rank.rank}: {rank.error}"
     for rank in ranks:
         if rank.error:
             return f"rank {rank.rank}: {rank.error}"
@@ -153,9 +245,21 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
     write_run_config(run_dir, cfg, launch)
     estimate = try_predict_run(cfg, launch)
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    outcome = run_process(torchrun_command(launch, run_dir), worker_env(launch), run_dir / "launcher.log",
-                          cfg.timeout_s, echo=echo)
-    ranks, problems = collect_ranks(run_dir, launch.world_size)
+    log_path = run_dir / "launcher.log"
+    try:
+        outcome = run_agents(torchrun_commands(launch, run_dir, run_id), worker_env(launch), log_path, cfg.timeout_s,
+                             watchdog_s=cfg.launcher.watchdog_s, progress=lambda: latest_progress(run_dir), echo=echo)
+    except KeyboardInterrupt:
+        write_interrupted(cfg, launch, run_dir, run_id, started_at, sweep_id)
+        raise
+    if launch.local_node_ranks[0] != 0:
+        # another node's agent: node 0 collects every rank's result and writes the summary
+        return RunSummary(run_id=run_id, status="ok" if outcome.returncode == 0 else "failed", mode=cfg.mode,
+                          workload=cfg.workload.name, hardware=cfg.hardware.name, world_size=launch.world_size,
+                          device_type=launch.device_type, device_name="", model_backend=cfg.model.backend,
+                          config_hash=config_hash(cfg), versions=environment_versions(), started_at=started_at,
+                          wall_s=round(outcome.wall_s, 3), exit_code=0 if outcome.returncode == 0 else 1)
+    ranks, problems = collect_ranks(run_dir, launch, log_path)
     status = run_status(outcome, ranks, launch.world_size)
     summary = RunSummary(
         run_id=run_id,
@@ -172,7 +276,7 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
         started_at=started_at,
         wall_s=round(outcome.wall_s, 3),
         exit_code=STATUS_EXIT_CODE[status],
-        error=failure_reason(status, outcome, ranks, problems, cfg.timeout_s),
+        error=failure_reason(status, outcome, ranks, problems, cfg),
         oom_ranks=sorted(r.rank for r in ranks if r.status == "oom"),
         per_rank=sorted(ranks, key=lambda r: r.rank),
         job=job_stats(ranks, cfg.workload.batch_size, cfg.workload.warmup_steps),
@@ -182,6 +286,23 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
     )
     write_summary(run_dir, summary)
     return summary
+
+
+def write_interrupted(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, started_at: str,
+                      sweep_id: Optional[str]) -> None:
+    """Ctrl-C: the run is recorded as failed (with whatever the ranks wrote) before the interrupt goes on."""
+    ranks = []
+    for rank in range(launch.world_size):
+        try:
+            ranks.append(load_rank_result(rank_file(run_dir, rank)))
+        except ResultsError:
+            continue
+    write_summary(run_dir, RunSummary(
+        run_id=run_id, status="failed", mode=cfg.mode, workload=cfg.workload.name, hardware=cfg.hardware.name,
+        world_size=launch.world_size, device_type=launch.device_type, device_name=device_name(launch),
+        model_backend=cfg.model.backend, config_hash=config_hash(cfg), versions=environment_versions(),
+        started_at=started_at, wall_s=0.0, exit_code=STATUS_EXIT_CODE["failed"],
+        error="interrupted (Ctrl-C); the torchrun process group was killed", per_rank=ranks, sweep_id=sweep_id))
 
 
 def read_plan(run_dir: Path) -> list:

@@ -143,6 +143,15 @@ def timeline_file(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / f"timeline_rank{rank}.csv"
 
 
+def progress_file(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / f".progress_rank{rank}"
+
+
+def heartbeat(run_dir: Path, rank: int) -> None:
+    """Mark progress for the launcher's watchdog (the file's mtime is what counts)."""
+    progress_file(run_dir, rank).touch()
+
+
 def write_rank_result(run_dir: Path, result: RankResult) -> None:
     atomic_write_json(rank_file(run_dir, result.rank), asdict(result))
 

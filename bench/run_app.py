@@ -54,12 +54,18 @@ def execute_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[s
 
 
 def record_in_sweep(sweep_dir: Path, summary: RunSummary, overrides: List[str]) -> None:
-    """sweep.json lists every point so far; rewritten atomically after each point."""
+    """sweep.json lists every point so far; rewritten atomically after each point, under a lock because
+    launchers like submitit finish points in parallel processes."""
+    import fcntl
+
     index_path = sweep_dir / "sweep.json"
-    index = read_json(index_path) if index_path.exists() else {"sweep_id": sweep_dir.name, "runs": []}
-    index["runs"].append({"run_id": summary.run_id, "status": summary.status, "overrides": overrides,
-                          "dir": summary.run_id.split("/")[-1], "error": summary.error})
-    atomic_write_json(index_path, index)
+    with open(sweep_dir / ".sweep.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        index = read_json(index_path) if index_path.exists() else {"sweep_id": sweep_dir.name, "runs": []}
+        index["runs"].append({"run_id": summary.run_id, "status": summary.status, "overrides": overrides,
+                              "dir": summary.run_id.split("/")[-1], "error": summary.error})
+        index["runs"].sort(key=lambda run: int(run["dir"]) if run["dir"].isdigit() else run["dir"])
+        atomic_write_json(index_path, index)
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Tuple
@@ -36,6 +37,13 @@ class LaunchSpec:
     # per rank; 0 on cuda means "the device's total memory", read by the worker
     capacity_bytes: int
     collective_timeout_s: int
+    # multi-node: where the c10d rendezvous lives, and which node agents this machine starts
+    rdzv_endpoint: str = ""
+    local_node_ranks: Tuple[int, ...] = (0,)
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes > 1
 
 
 def to_run_config(cfg) -> RunConfig:
@@ -64,8 +72,8 @@ def resolve_launch(cfg: RunConfig, cuda_devices: int) -> LaunchSpec:
     if device_type == "cuda" and not cuda_devices:
         raise ConfigError("hardware.device", hw.device, "no CUDA device is visible to torch here; use "
                                                         "hardware=cpu (or hardware=auto)")
-    if hw.nodes != 1:
-        raise ConfigError("hardware.nodes", hw.nodes, "multi-node launch is not supported yet; use 1")
+    if hw.nodes < 1:
+        raise ConfigError("hardware.nodes", hw.nodes, "must be >= 1")
     ranks = hw.ranks_per_node
     if ranks is None:
         ranks = cuda_devices if device_type == "cuda" else DEFAULT_CPU_RANKS
@@ -84,9 +92,31 @@ def resolve_launch(cfg: RunConfig, cuda_devices: int) -> LaunchSpec:
     capacity = int(hw.capacity_gib * GIB) if device_type == "cpu" else 0
     if cfg.timeout_s < 1:
         raise ConfigError("timeout_s", cfg.timeout_s, "must be >= 1 second")
+    launcher = cfg.launcher
+    if launcher.watchdog_s < 1:
+        raise ConfigError("launcher.watchdog_s", launcher.watchdog_s, "must be >= 1 second")
+    local_nodes: Tuple[int, ...] = (0,)
+    if hw.nodes > 1:
+        host, _, port = launcher.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError("launcher.rdzv_endpoint", launcher.rdzv_endpoint,
+                              "use host:port of node 0, e.g. node0.cluster:29400")
+        node_rank = launcher.node_rank
+        if node_rank is None and "SLURM_NODEID" in os.environ:  # one task per node under SLURM
+            node_rank = int(os.environ["SLURM_NODEID"])
+        if launcher.spawn_all_nodes:
+            local_nodes = tuple(range(hw.nodes))
+        elif node_rank is None or not 0 <= node_rank < hw.nodes:
+            raise ConfigError("launcher.node_rank", node_rank,
+                              f"with hardware.nodes={hw.nodes} give this node's index 0..{hw.nodes - 1} (run "
+                              f"`membench run ... launcher.node_rank=K` on every node), or "
+                              f"launcher.spawn_all_nodes=true to start every node here")
+        else:
+            local_nodes = (node_rank,)
     return LaunchSpec(device_type=device_type, dist_backend=backend, world_size=ranks * hw.nodes,
                       ranks_per_node=ranks, nodes=hw.nodes, capacity_bytes=capacity,
-                      collective_timeout_s=max(60, cfg.timeout_s))
+                      collective_timeout_s=launcher.watchdog_s, rdzv_endpoint=launcher.rdzv_endpoint,
+                      local_node_ranks=local_nodes)
 
 
 def apply_global_batch(cfg: RunConfig, world_size: int) -> None:
@@ -160,5 +190,7 @@ def write_run_config(run_dir: Path, cfg: RunConfig, launch: LaunchSpec) -> None:
 
 def load_run_config(run_dir: Path) -> Tuple[RunConfig, LaunchSpec]:
     cfg = to_run_config(OmegaConf.load(Path(run_dir) / "config.yaml"))
-    launch = LaunchSpec(**json.loads((Path(run_dir) / "launch.json").read_text()))
+    data = json.loads((Path(run_dir) / "launch.json").read_text())
+    data["local_node_ranks"] = tuple(data.get("local_node_ranks", (0,)))
+    launch = LaunchSpec(**data)
     return cfg, launch

@@ -23,7 +23,7 @@ from bench.memory.factory import make_recorder
 from bench.memory.oom import OomEvent
 from bench.memory.ownership import comm_modules, torchrec_ownership
 from bench.quiet import quiet_libraries
-from bench.results import timeline_file, write_rank_result
+from bench.results import heartbeat, progress_file, timeline_file, write_rank_result
 from bench.runspec import LaunchSpec, load_run_config
 from workloads.data import SyntheticBatches
 from workloads.tables import build_spec
@@ -110,6 +110,12 @@ def train(cfg, launch: LaunchSpec, run_dir: Path, rank: int, device: torch.devic
     recorder.finish_steps()
 
 
+def hang_forever() -> None:
+    """Fault drill (MEMBENCH_FAULT_HANG_RANK=<rank>): stop making progress, as a stuck rank would."""
+    while True:
+        time.sleep(3600)
+
+
 class Terminated(BaseException):
     """SIGTERM from torchrun (a peer rank failed) or from the launcher's watchdog."""
 
@@ -138,6 +144,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, raise_terminated)
     cfg, launch = load_run_config(args.run_dir)
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    # the progress file also names this rank's pid, for operators (and the fault drills)
+    progress_file(args.run_dir, rank).write_text(f"{os.getpid()}\n")
     if launch.device_type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -147,6 +155,9 @@ def main(argv=None) -> int:
     dist.init_process_group(backend=launch.dist_backend, timeout=timedelta(seconds=launch.collective_timeout_s))
     timeline = timeline_file(args.run_dir, rank) if cfg.record.timeline else None
     recorder = make_recorder(cfg, launch, rank, device, timeline, args.run_dir)
+    recorder.heartbeat = lambda: heartbeat(args.run_dir, rank)
+    if os.environ.get("MEMBENCH_FAULT_HANG_RANK") == str(rank):
+        recorder.heartbeat = hang_forever  # fault drill: this rank stops making progress
     try:
         recorder.start()
         train(cfg, launch, args.run_dir, rank, device, recorder)

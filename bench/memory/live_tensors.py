@@ -25,8 +25,9 @@ from torch.utils._pytree import tree_iter
 from bench.memory.oom import format_emulated_oom
 
 
-SETTLE_PAUSE_S = 0.0005
-SETTLE_MAX_ROUNDS = 20
+SETTLE_PAUSE_S = 0.001
+SETTLE_QUIET_ROUNDS = 2
+SETTLE_MAX_ROUNDS = 40
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -123,12 +124,14 @@ class LiveTensorTracker(TorchDispatchMode):
         A gloo thread that drops the last reference to a buffer must take the GIL to run the release
         (the storage's Python object and our weakref callback); while this thread runs Python it waits,
         so without this pause its release would land after the phase boundary in some runs only.
-        Sleeping hands over the GIL; repeat until a pause passes with no new release.
+        Sleeping hands over the GIL; stop after SETTLE_QUIET_ROUNDS pauses in a row with no release.
         """
+        quiet = 0
         for _ in range(SETTLE_MAX_ROUNDS):
             before = len(self._deferred)
             time.sleep(SETTLE_PAUSE_S)
-            if len(self._deferred) == before:
+            quiet = quiet + 1 if len(self._deferred) == before else 0
+            if quiet >= SETTLE_QUIET_ROUNDS:
                 return
 
     def _mark_comm(self, tree) -> None:

@@ -16,7 +16,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
 
@@ -97,6 +97,8 @@ class MemoryRecorder:
         self.segment_peak_at: Dict[str, tuple] = {}
         self.peak_device_used_bytes: Optional[int] = None
         self._segment = ""
+        # called at every phase end: the worker points it at the launcher's watchdog heartbeat
+        self.heartbeat: Callable[[], None] = lambda: None
         self._t0 = time.perf_counter()
         self._step_started: Optional[float] = None
 
@@ -164,6 +166,7 @@ class MemoryRecorder:
             self._step_started = None
 
     def _end_phase(self) -> None:
+        self.heartbeat()
         sample = self._sample()
         if sample.device_used_bytes is not None:
             self.peak_device_used_bytes = max(self.peak_device_used_bytes or 0, sample.device_used_bytes)
