@@ -28,6 +28,9 @@ class HardwareConfig:
     host_memory_gib: float = 16.0
     # gloo | nccl | auto (nccl on cuda, gloo on cpu)
     dist_backend: str = "auto"
+    # CUDA: cap each rank's caching allocator at this share of the device
+    # (torch.cuda.set_per_process_memory_fraction), e.g. to provoke an OOM on purpose
+    memory_fraction: Optional[float] = None
 
 
 @dataclass
@@ -55,8 +58,11 @@ class RecordConfig:
 
 @dataclass
 class ModelConfig:
-    # torchrec (reference, needs fbgemm) | native (plain PyTorch; not built yet)
+    # torchrec (the reference: sharded by torchrec, fbgemm fused backward + optimizer) | native (plain
+    # PyTorch nn.EmbeddingBag tables, table-wise, no torchrec/fbgemm import)
     backend: str = "torchrec"
+    # native only: sparse (COO) embedding gradients instead of dense ones
+    sparse_grads: bool = False
 
 
 @dataclass

@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -201,7 +201,56 @@ def run_checks(dry_run: bool, out_dir: Path, steps: int, width: int, batch: int)
           and event.requested_bytes == 1 << 30 and event.stats.get("num_ooms", 0) >= 1,
           f"{event.message[:120] if event else 'no OutOfMemoryError raised'}")
     check("OOM snapshot", (out_dir / "oom_rank0.pickle").exists(), str(out_dir / "oom_rank0.pickle"))
+    native_workload_checks(dry_run, out_dir, check)
     return checks
+
+
+def membench_run(out_dir: Path, *overrides: str) -> Tuple[Optional[dict], str]:
+    """`membench run` as a user would start it; (summary or None, last output lines)."""
+    import subprocess
+
+    runs = out_dir / "runs"
+    before = set(runs.rglob("summary.json")) if runs.exists() else set()
+    proc = subprocess.run([sys.executable, "-m", "bench", "run", f"results_dir={runs}", *overrides],
+                          capture_output=True, text=True, timeout=240)
+    new = sorted(set(runs.rglob("summary.json")) - before) if runs.exists() else []
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+    return (json.loads(new[0].read_text()) if new else None), " | ".join(tail)
+
+
+def native_workload_checks(dry_run: bool, out_dir: Path, check: Callable[[str, bool, str], None]) -> None:
+    """The tiny workload end to end on the plain-PyTorch backend (no torchrec needed), then a forced OOM."""
+    try:
+        import hydra  # noqa: F401  (the CLI needs hydra-core and omegaconf)
+    except ImportError:
+        check("native workload", False, "hydra-core is not installed; install membench's pure-Python deps")
+        return
+    ranks = 2 if dry_run else max(1, min(2, torch.cuda.device_count()))
+    hardware = ["hardware=cpu"] if dry_run else ["hardware=auto", f"hardware.ranks_per_node={ranks}",
+                                                 "record.snapshot=true"]
+    common = ["model=native", "workload=tiny", "workload.steps=3", *hardware]
+    summary, tail = membench_run(out_dir, *common)
+    ok = summary is not None and summary["status"] == "ok" and summary["model_backend"] == "native"
+    ranks_ok = ok and all(r["peak_bytes"] > 0 and sum(r["breakdown"].values()) == r["peak_bytes"]
+                          for r in summary["per_rank"])
+    check(f"native workload on {ranks} rank(s)", ranks_ok,
+          f"status {summary and summary['status']}, peaks " +
+          (", ".join(f"{r['peak_bytes'] / MIB:.1f} MiB" for r in summary["per_rank"]) if summary else tail))
+    if not dry_run and ok:
+        run_dir = out_dir / "runs"
+        used_ok = all((r["peak_device_used_bytes"] or 0) >= (r["peak_reserved_bytes"] or 0) for r in summary["per_rank"])
+        check("native: NVML device used >= reserved", used_ok, "per rank")
+        check("native: memory_viz snapshots", bool(list(run_dir.rglob("snapshot_rank*.pickle"))), str(run_dir))
+    if dry_run:
+        forced = ["hardware.capacity_gib=0.005"]
+    else:  # an allocator cap of 8 MiB: far below what the tiny workload needs
+        fraction = 8 * MIB / torch.cuda.get_device_properties(0).total_memory
+        forced = [f"hardware.memory_fraction={fraction:.8f}"]
+    summary, tail = membench_run(out_dir, *common, *forced)
+    oom = summary and next((r["oom"] for r in summary["per_rank"] if r.get("oom")), None)
+    check("native: forced OOM recorded", bool(summary and summary["status"] == "oom" and oom and oom["phase"]),
+          f"status {summary and summary['status']}: rank {oom and oom['rank']} step {oom and oom['step']} "
+          f"{oom and oom['phase']}" if summary else tail)
 
 
 def main(argv=None) -> int:

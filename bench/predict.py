@@ -54,6 +54,8 @@ def sparse_part(prediction, coefficients: Dict[str, float]) -> int:
 
 
 def try_predict_run(cfg, launch) -> Optional[Dict[str, Any]]:
+    if cfg.model.backend != "torchrec":
+        return None  # the predictor models torchrec's sharding and fused kernels only
     try:
         return predict_run(cfg, launch)
     except Exception as err:  # a prediction must never stop a measurement

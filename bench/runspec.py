@@ -89,6 +89,12 @@ def resolve_launch(cfg: RunConfig, cuda_devices: int) -> LaunchSpec:
         raise ConfigError("hardware.dist_backend", backend, "nccl needs CUDA; use gloo (or auto) on CPU")
     if not hw.capacity_gib > 0:
         raise ConfigError("hardware.capacity_gib", hw.capacity_gib, "must be > 0 (GiB per rank)")
+    if hw.memory_fraction is not None:
+        if device_type != "cuda":
+            raise ConfigError("hardware.memory_fraction", hw.memory_fraction,
+                              "caps the CUDA caching allocator; on CPU lower hardware.capacity_gib instead")
+        if not 0 < hw.memory_fraction <= 1:
+            raise ConfigError("hardware.memory_fraction", hw.memory_fraction, "use a fraction in (0, 1]")
     capacity = int(hw.capacity_gib * GIB) if device_type == "cpu" else 0
     if cfg.timeout_s < 1:
         raise ConfigError("timeout_s", cfg.timeout_s, "must be >= 1 second")
@@ -135,8 +141,11 @@ def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int |
     """Raise ConfigError for the first problem; nothing has been launched or written yet."""
     if cfg.mode != "train":
         raise ConfigError("mode", cfg.mode, "`membench run` trains; use `membench plan` or `membench provision`")
-    if cfg.model.backend != "torchrec":
-        raise ConfigError("model.backend", cfg.model.backend, "only the torchrec backend exists so far")
+    if cfg.model.backend not in ("torchrec", "native"):
+        raise ConfigError("model.backend", cfg.model.backend, "use torchrec or native")
+    if cfg.model.sparse_grads and cfg.model.backend != "native":
+        raise ConfigError("model.sparse_grads", True, "sparse embedding gradients exist on the native backend "
+                                                      "only (torchrec fuses the optimizer into the backward)")
     if cfg.record.cpu_mode != "exact":
         raise ConfigError("record.cpu_mode", cfg.record.cpu_mode, "only `exact` is available")
     if cfg.record.nvml_interval_ms < 1:
@@ -144,6 +153,15 @@ def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int |
     apply_global_batch(cfg, launch.world_size)
     validate_workload(cfg.workload)
     sharding = cfg.sharding
+    if cfg.model.backend == "native":
+        for field, value in [("sharding.type", sharding.type), *((f"sharding.per_table.{t}", v)
+                                                                  for t, v in sharding.per_table.items())]:
+            if value not in ("auto", "table_wise"):
+                raise ConfigError(field, value, "the native backend places tables table_wise only; use "
+                                                "sharding=auto or sharding=table_wise (or model.backend=torchrec)")
+        if sharding.compute_kernel != "auto":
+            raise ConfigError("sharding.compute_kernel", sharding.compute_kernel,
+                              "the native backend has no fbgemm kernels; leave it auto")
     validate_sharding_type("sharding.type", sharding.type, launch.device_type, allow_auto=True)
     names = {f"t{i}" for i in range(cfg.workload.num_tables)}
     for table, sharding_type in sharding.per_table.items():
@@ -159,7 +177,7 @@ def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int |
         raise ConfigError("sharding.compute_kernel", sharding.compute_kernel,
                           "UVM caching needs CUDA; on CPU use auto, fused or dense")
     all_data_parallel = {sharding.type, *sharding.per_table.values()} == {"data_parallel"}
-    if (launch.device_type == "cpu" and not all_data_parallel
+    if (launch.device_type == "cpu" and not all_data_parallel and cfg.model.backend == "torchrec"
             and cfg.workload.embedding_optimizer not in EMBEDDING_OPTIMIZERS_CPU_FUSED):
         raise ConfigError("workload.embedding_optimizer", cfg.workload.embedding_optimizer,
                           f"fbgemm's CPU kernels fuse only {' / '.join(EMBEDDING_OPTIMIZERS_CPU_FUSED)} into "

@@ -6,6 +6,7 @@ Exit codes: 0 ok, 3 out of memory (results and partial timeline written first), 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from bench.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_OOM
 from bench.memory.factory import make_recorder
 from bench.memory.oom import OomEvent
-from bench.memory.ownership import comm_modules, torchrec_ownership
+from bench.backends import make_backend
 from bench.quiet import quiet_libraries
 from bench.results import heartbeat, progress_file, timeline_file, write_rank_result
 from bench.runspec import LaunchSpec, load_run_config
@@ -34,77 +35,40 @@ def log(rank: int, message: str) -> None:
         print(f"[membench] {message}", flush=True)
 
 
-def build_sharded_model(cfg, spec, launch: LaunchSpec, device: torch.device):
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.sharding_plan import get_default_sharders
-    from torchrec.optim.keyed import KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-    from workloads.model import build_model, dense_optimizer_class
-    from workloads.plan import make_sharding_plan
-
-    model = build_model(spec, dense_device=device)
-    plan, _ = make_sharding_plan(cfg, spec, launch.world_size, launch.ranks_per_node, launch.device_type,
-                                 launch.capacity_bytes, model, dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=get_default_sharders())
-    dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
-    optimizer = KeyedOptimizerWrapper(
-        dense_params, lambda params: dense_optimizer_class(cfg.workload.dense_optimizer)(params, lr=cfg.workload.dense_lr))
-    return dmp, optimizer, plan
-
-
-def install_comm_hooks(model, recorder) -> int:
-    """Allocations inside torchrec's all-to-all modules are comm buffers, when the backend can tell.
-
-    torchrec creates its input/output dist modules lazily in the first forward, so call this after it.
-    """
-    if not hasattr(recorder, "category"):
-        return 0
-    modules = list(comm_modules(model))
-    for module in modules:
-        def pre_hook(mod, args):
-            mod._membench_scope = recorder.category("comm_buffers")
-            mod._membench_scope.__enter__()
-
-        def post_hook(mod, args, out):
-            scope = getattr(mod, "_membench_scope", None)
-            if scope is not None:
-                mod._membench_scope = None
-                scope.__exit__(None, None, None)
-        module.register_forward_pre_hook(pre_hook)
-        module.register_forward_hook(post_hook)
-    return len(modules)
+def charged_to(recorder, category: str):
+    """New allocations in this scope count as `category` (when the recorder tells categories apart)."""
+    return recorder.category(category) if hasattr(recorder, "category") else contextlib.nullcontext()
 
 
 def train(cfg, launch: LaunchSpec, run_dir: Path, rank: int, device: torch.device, recorder) -> None:
-    from workloads.model import to_torchrec_batch
-    from workloads.plan import describe_plan
-
     spec = build_spec(cfg.workload)
+    backend = make_backend(cfg.model.backend)
     t0 = time.perf_counter()
     with recorder.phase(-1, "build"):
-        model, optimizer, plan = build_sharded_model(cfg, spec, launch, device)
-    recorder.attribute(torchrec_ownership(model, optimizer))
+        backend.build(cfg, spec, launch, device, rank, recorder)
+    recorder.attribute(backend.ownership())
     if rank == 0:
-        (run_dir / "sharding_plan.json").write_text(json.dumps(describe_plan(plan), indent=2) + "\n")
-    log(rank, f"built and sharded {len(spec.tables)} tables in {time.perf_counter() - t0:.1f} s; "
+        (run_dir / "sharding_plan.json").write_text(json.dumps(backend.plan_rows, indent=2) + "\n")
+    log(rank, f"built {len(spec.tables)} tables ({backend.name} backend) in {time.perf_counter() - t0:.1f} s; "
               f"training {cfg.workload.warmup_steps} warm-up + {cfg.workload.steps} steps")
     batches = SyntheticBatches(spec, rank, launch.world_size)
     total_steps = cfg.workload.warmup_steps + cfg.workload.steps
     for step in range(total_steps):
         with recorder.phase(step, "input"):
-            batch = to_torchrec_batch(batches.batch(step), device)
+            batch = backend.prepare(batches.batch(step))
         with recorder.phase(step, "forward"):
-            loss, _ = model(batch)
+            loss = backend.loss(batch)
         with recorder.phase(step, "backward"):
             loss.backward()
         with recorder.phase(step, "optimizer"):
-            optimizer.step()
-            if step == 0:  # grads, optimizer state and comm modules exist only after a first step
-                recorder.attribute(torchrec_ownership(model, optimizer))
-                hooked = install_comm_hooks(model, recorder)
-                log(rank, f"charging allocations in {hooked} torchrec comm modules to comm_buffers")
-            optimizer.zero_grad()
+            for category, optimizer in backend.optimizers:
+                with charged_to(recorder, category):
+                    optimizer.step()
+            if step == 0:  # grads, optimizer state and lazily built modules exist only now
+                recorder.attribute(backend.ownership())
+                backend.after_first_step(recorder, lambda message: log(rank, message))
+            for _, optimizer in backend.optimizers:
+                optimizer.zero_grad()
         del batch, loss
         log(rank, f"step {step + 1}/{total_steps} done")
     recorder.finish_steps()
@@ -149,6 +113,8 @@ def main(argv=None) -> int:
     if launch.device_type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        if cfg.hardware.memory_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(cfg.hardware.memory_fraction, device)
     else:
         device = torch.device("cpu")
     torch.manual_seed(cfg.workload.seed)

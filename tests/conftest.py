@@ -42,6 +42,10 @@ def run_cli(results_dir: Path, *args: str, timeout: float = 300) -> CliRun:
 
 @pytest.fixture
 def cli(tmp_path):
+    """Run `membench run ARGS`; each call gets its own results directory."""
+    calls = []
+
     def _run(*args: str, timeout: float = 300) -> CliRun:
-        return run_cli(tmp_path / "runs", *args, timeout=timeout)
+        calls.append(None)
+        return run_cli(tmp_path / f"runs{len(calls)}", *args, timeout=timeout)
     return _run

@@ -18,7 +18,7 @@ def test_tiny_run_end_to_end_and_deterministic(cli):
     assert first.returncode == 0, first.output
     second = cli("hardware=cpu")
     assert second.returncode == 0, second.output
-    run_a, run_b = first.run_dirs()
+    (run_a,), (run_b,) = first.run_dirs(), second.run_dirs()
     summary = json.loads((run_a / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["exit_code"] == 0
     assert summary["world_size"] == 2 and summary["device_type"] == "cpu"

@@ -14,9 +14,10 @@ def test_gpu_check_dry_run_passes_every_check():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert sum(line.startswith("PASS ") for line in lines) == 7
+    assert sum(line.startswith("PASS ") for line in lines) == 9
     assert not any(line.startswith("FAIL ") for line in lines)
-    assert lines[-1] == "gpu check (dry run): 7 passed, 0 failed"
+    assert any(line.startswith("PASS native workload on 2 rank(s)") for line in lines)
+    assert lines[-1] == "gpu check (dry run): 9 passed, 0 failed"
 
 
 def test_gpu_check_without_cuda_fails_clearly():

@@ -201,7 +201,8 @@ def test_ci_suite_covers_what_ci_needs():
     suite = load_suite(Path(__file__).resolve().parent.parent / "conf" / "suite" / "ci_cpu.yaml")
     assert 4 <= len(suite.entries) <= 8
     text = " ".join(" ".join(e.overrides) for e in suite.entries)
-    for needle in ("sharding=table_wise", "sharding=column_wise", "sharding=data_parallel", "dlrm_dcn", "zipf"):
+    for needle in ("sharding=table_wise", "sharding=column_wise", "sharding=data_parallel", "dlrm_dcn", "zipf",
+                   "model=native"):
         assert needle in text
     assert [e.expect for e in suite.entries].count("oom") == 1
     baselines = Path(__file__).resolve().parent.parent / "results" / "baselines" / "cpu"

@@ -25,6 +25,18 @@ from torch.utils._pytree import tree_iter
 from bench.memory.oom import format_emulated_oom
 
 
+def _strided(values):
+    """The tensors among `values` that own storage; a sparse COO tensor counts as its indices + values."""
+    for value in values:
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.layout == torch.sparse_coo:
+            yield value._indices()
+            yield value._values()
+        elif value.layout == torch.strided:
+            yield value
+
+
 SETTLE_PAUSE_S = 0.001
 SETTLE_QUIET_ROUNDS = 2
 SETTLE_MAX_ROUNDS = 40
@@ -109,7 +121,7 @@ class LiveTensorTracker(TorchDispatchMode):
             self._charge(category, nbytes)
 
     def track_tensors(self, tensors: Iterable[torch.Tensor], category: str) -> None:
-        for tensor in tensors:
+        for tensor in _strided(tensors):
             self.track(tensor.untyped_storage(), category)
 
     def reset_peak(self) -> None:
@@ -136,9 +148,8 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def _mark_comm(self, tree) -> None:
         self._comm_in_phase = True
-        for tensor in tree_iter(tree):
-            if isinstance(tensor, torch.Tensor) and not isinstance(tensor, torch.ScriptObject):
-                self._comm_touched.add(tensor.untyped_storage()._cdata)
+        for tensor in _strided(tree_iter(tree)):
+            self._comm_touched.add(tensor.untyped_storage()._cdata)
 
     # -- interception ----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -147,9 +158,7 @@ class LiveTensorTracker(TorchDispatchMode):
             self._mark_comm((args, kwargs, out))
         new_bytes = 0
         fresh = []
-        for tensor in tree_iter(out):
-            if not isinstance(tensor, torch.Tensor):
-                continue
+        for tensor in _strided(tree_iter(out)):
             storage = tensor.untyped_storage()
             if not self._on_device(storage):
                 continue

@@ -13,20 +13,30 @@ from torch import nn
 EMBEDDING_MODULE_KEY = "sparse_arch"  # DLRM keeps its EmbeddingBagCollection here
 
 
-def _local_tensors(value) -> Iterator[torch.Tensor]:
-    """The tensors of this rank inside a Tensor, ShardedTensor or DTensor."""
-    if hasattr(value, "local_shards"):
+def local_tensors(value) -> Iterator[torch.Tensor]:
+    """The dense tensors of this rank inside a Tensor, sparse COO tensor, ShardedTensor or DTensor."""
+    if hasattr(value, "local_shards"):  # before .is_sparse, which ShardedTensor does not support
         for shard in value.local_shards():
             yield shard.tensor
     elif hasattr(value, "to_local"):
         yield value.to_local()
+    elif isinstance(value, torch.Tensor) and value.is_sparse:
+        yield value._indices()
+        yield value._values()
     elif isinstance(value, torch.Tensor):
         yield value
 
 
+def optimizer_state_tensors(optimizer) -> List[torch.Tensor]:
+    """Every state tensor of a plain torch optimizer (none for None)."""
+    if optimizer is None:
+        return []
+    return [t for state in optimizer.state.values() for value in state.values() for t in local_tensors(value)]
+
+
 def _state_tensors(per_param: Dict) -> Iterator[torch.Tensor]:
     for value in per_param.values() if isinstance(per_param, dict) else [per_param]:
-        yield from _local_tensors(value)
+        yield from local_tensors(value)
 
 
 def torchrec_ownership(model: nn.Module, dense_optimizer) -> Dict[str, List[torch.Tensor]]:
@@ -38,12 +48,12 @@ def torchrec_ownership(model: nn.Module, dense_optimizer) -> Dict[str, List[torc
     # state_dict reaches the fused (fbgemm) tables' shards, which are not parameters of the model
     for key, value in model.state_dict().items():
         if EMBEDDING_MODULE_KEY in key:
-            owned["embedding_weights"].extend(_local_tensors(value))
+            owned["embedding_weights"].extend(local_tensors(value))
     for name, param in model.named_parameters():
         is_embedding = EMBEDDING_MODULE_KEY in name
-        owned["embedding_weights" if is_embedding else "dense_params"].extend(_local_tensors(param))
+        owned["embedding_weights" if is_embedding else "dense_params"].extend(local_tensors(param))
         if param.grad is not None:
-            owned["embedding_grads" if is_embedding else "dense_grads"].extend(_local_tensors(param.grad))
+            owned["embedding_grads" if is_embedding else "dense_grads"].extend(local_tensors(param.grad))
     for per_param in model.fused_optimizer.state_dict()["state"].values():
         owned["embedding_optimizer"].extend(_state_tensors(per_param))
     for name, per_param in dense_optimizer.state_dict()["state"].items():

@@ -1,0 +1,362 @@
+"""`membench report` (bench.report) on synthetic results written with bench.results: no torchrun."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+import yaml
+
+from bench import report
+from bench.results import CATEGORIES, JobStats, RankResult, RunSummary, job_stats, load_summary, write_summary
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MIB = 1024**2
+PHASES = ("input", "forward", "backward", "optimizer")
+
+
+# -- synthetic results ---------------------------------------------------------------------------
+def make_rank(rank: int, peak: int, capacity: int, status: str = "ok", step: int = 2, phase: str = "forward",
+              oom: Optional[dict] = None) -> RankResult:
+    parts = {"embedding_weights": peak // 2, "embedding_optimizer": peak // 32, "dense_params": peak // 40,
+             "dense_grads": peak // 40, "dense_optimizer": peak // 20, "activations": peak // 6,
+             "comm_buffers": peak // 16}
+    breakdown = {c: parts.get(c, 0) for c in CATEGORIES if c != "other"}
+    breakdown["other"] = peak - sum(breakdown.values())
+    return RankResult(rank=rank, status=status, device="cpu", capacity_bytes=capacity, peak_bytes=peak,
+                      peak_allocated_bytes=peak, utilization=peak / capacity, headroom_bytes=capacity - peak,
+                      peak_step=step, peak_phase=phase, breakdown=breakdown, build_peak_bytes=peak // 2,
+                      warmup_peak_bytes=peak - 100, step_times_s=[0.01] * 4, recorder="cpu_exact", oom=oom)
+
+
+def write_timeline(run_dir: Path, rank: RankResult, steps: int = 4, fail_at: Optional[tuple] = None) -> None:
+    base = rank.peak_bytes * 3 // 4
+    rows = [[0.1, -1, "build", base - 1000, base, "", ""]]
+    t = 0.1
+    for step in range(steps):
+        for phase in PHASES:
+            t += 0.01
+            bump = {"input": 0, "forward": rank.peak_bytes - base, "backward": (rank.peak_bytes - base) // 2,
+                    "optimizer": 10}[phase]
+            peak = base + bump - (0 if (step, phase) == (rank.peak_step, rank.peak_phase) else 7)
+            rows.append([f"{t:.6f}", step, phase, base + bump // 3, peak, "", ""])
+            if fail_at == (step, phase):
+                break
+        if fail_at and step == fail_at[0]:
+            break
+    with open(run_dir / f"timeline_rank{rank.rank}.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["time_s", "step", "phase", "in_use_bytes", "phase_peak_bytes", "reserved_bytes",
+                         "device_used_bytes"])
+        writer.writerows(rows)
+
+
+def make_run(run_dir: Path, ranks: List[RankResult], *, workload: str = "tiny", sharding: str = "table_wise",
+             batch: int = 512, rows: int = 10000, capacity_gib: float = 0.05, status: Optional[str] = None,
+             mode: str = "train", sweep_id: Optional[str] = None, estimate: Optional[dict] = None,
+             timeline: bool = True, error: Optional[str] = None, hardware: str = "cpu") -> RunSummary:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if status is None:
+        status = "oom" if any(r.status == "oom" for r in ranks) else "ok"
+    run_id = f"{sweep_id}/{run_dir.name}" if sweep_id else run_dir.name
+    summary = RunSummary(
+        run_id=run_id, status=status, mode=mode, workload=workload, hardware=hardware,
+        world_size=len(ranks), device_type="cpu", device_name="cpu", model_backend="torchrec",
+        config_hash="0" * 16, versions={"torch": "test"}, started_at="2026-01-01T00:00:00+00:00", wall_s=1.0,
+        exit_code=0 if status == "ok" else 3, error=error,
+        oom_ranks=[r.rank for r in ranks if r.status == "oom"], per_rank=ranks,
+        job=job_stats(ranks, batch, 1) if status == "ok" else JobStats(), estimate=estimate, sweep_id=sweep_id)
+    write_summary(run_dir, summary)
+    config = {"workload": {"name": workload, "rows": rows, "batch_size": batch, "warmup_steps": 1,
+                           "embedding_dim": 64},
+              "hardware": {"name": hardware, "capacity_gib": capacity_gib}, "sharding": {"type": sharding},
+              "mode": mode, "results_dir": "/somewhere", "run_id": run_id}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    if timeline and mode == "train":
+        for rank in ranks:
+            fail = (rank.oom["step"], rank.oom["phase"]) if rank.oom else None
+            write_timeline(run_dir, rank, fail_at=fail)
+    return summary
+
+
+def oom_event(rank: int, step: int, phase: str, requested: int, live: int, capacity: int) -> dict:
+    return {"rank": rank, "step": step, "phase": phase, "requested_bytes": requested,
+            "message": f"membench emulated OOM on rank {rank}: Tried to allocate ({requested} bytes)",
+            "stats": {"live_bytes": live, "capacity_bytes": capacity}, "snapshot_path": None}
+
+
+CAP = int(0.05 * 1024**3)
+
+
+def make_sweep(root: Path) -> Dict[str, RunSummary]:
+    """A 2 x 2 sweep (batch x rows) with one OOM point, like `membench run -m` writes it."""
+    sweep_dir = root / "sweep-20260101-000000-abcdef"
+    sweep_id = sweep_dir.name
+    points = [(512, 10000, 16 * MIB), (512, 20000, 26 * MIB), (4096, 10000, 45 * MIB), (4096, 20000, None)]
+    index = {"sweep_id": sweep_id, "runs": []}
+    made = {}
+    for n, (batch, rows, peak) in enumerate(points):
+        if peak is None:
+            ranks = [make_rank(r, 50 * MIB, CAP, status="oom", step=0, phase="forward",
+                               oom=oom_event(r, 0, "forward", 3 * MIB, 30 * MIB, CAP)) for r in range(2)]
+        else:
+            ranks = [make_rank(0, peak, CAP), make_rank(1, peak - 3 * MIB, CAP)]
+        made[str(n)] = make_run(sweep_dir / str(n), ranks, batch=batch, rows=rows, sweep_id=sweep_id)
+        index["runs"].append({"run_id": f"{sweep_id}/{n}", "status": made[str(n)].status,
+                              "overrides": ["hardware=cpu", f"results_dir={root}", f"workload.batch_size={batch}",
+                                            f"workload.rows={rows}", "hardware.capacity_gib=0.05"],
+                              "dir": str(n), "error": None})
+    (sweep_dir / "sweep.json").write_text(json.dumps(index, indent=2))
+    return made
+
+
+def run_report(capsys, *argv: str) -> tuple:
+    code = report.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def table(markdown: str, first_header: str, second_header: str) -> List[List[str]]:
+    """Rows of every markdown table whose header starts with these two columns."""
+    rows, inside = [], False
+    for line in markdown.splitlines():
+        if line.startswith(f"| {first_header} | {second_header} |"):
+            inside = True
+            continue
+        if inside and line.startswith("|---"):
+            continue
+        if inside and line.startswith("| "):
+            rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+        else:
+            inside = False
+    return rows
+
+
+def assert_figure(out: Path, stem: str, formats=("png",)) -> None:
+    for fmt in formats:
+        path = out / f"{stem}.{fmt}"
+        assert path.is_file() and path.stat().st_size > 1000, path
+        head = path.read_bytes()[:8]
+        assert head.startswith(b"\x89PNG") if fmt == "png" else b"<?xml" in head or b"<svg" in head
+
+
+# -- tests ---------------------------------------------------------------------------------------
+def test_full_report_figures_and_numbers(tmp_path, capsys):
+    root = tmp_path / "results"
+    made = make_sweep(root)
+    made["tw"] = make_run(root / "20260101-000001-aaaaaa", [make_rank(0, 40 * MIB, CAP), make_rank(1, 20 * MIB, CAP)],
+                          sharding="table_wise", rows=30000)
+    made["cw"] = make_run(root / "20260101-000002-bbbbbb", [make_rank(0, 31 * MIB, CAP), make_rank(1, 30 * MIB, CAP)],
+                          sharding="column_wise", rows=30000)
+    out = tmp_path / "rep"
+    code, stdout, err = run_report(capsys, root, "--out", out, "--format", "png,svg")
+    assert code == 0, err
+    assert "figure 7/7" in stdout and "report.md" in stdout
+    for stem in ("fig1_timeline_1", "fig2_breakdown", "fig3_utilization_cdf", "fig4_imbalance", "fig5_oom_frontier_1"):
+        assert_figure(out, stem, ("png", "svg"))
+    md = (out / "report.md").read_text()
+    for stem in ("fig1_timeline_1.png", "fig2_breakdown.png", "fig3_utilization_cdf.png", "fig4_imbalance.png",
+                 "fig5_oom_frontier_1.png"):
+        assert f"]({stem})" in md
+    assert "## 6. Estimated vs measured peak\n\nSkipped:" in md
+    assert "## 7. Plan mode at scale\n\nSkipped:" in md
+
+    ok = [s for s in made.values() if s.status == "ok"]
+    # breakdown table: every category value, peak bytes and MiB equal the summary's
+    used = [c for c in CATEGORIES if any(r.breakdown[c] for s in ok for r in s.per_rank)]
+    rows = table(md, "run", "rank")
+    breakdown_rows = {(row[0], row[1]): row for row in rows if len(row) == 4 + len(used)}
+    assert len(breakdown_rows) == sum(len(s.per_rank) for s in ok)
+    peaks_seen = {(int(row[1]), int(row[3])) for row in breakdown_rows.values()}
+    for summary in ok:
+        for rank in summary.per_rank:
+            assert (rank.rank, rank.peak_bytes) in peaks_seen
+            match = [row for row in breakdown_rows.values() if int(row[1]) == rank.rank and int(row[3]) == rank.peak_bytes]
+            assert any([int(v) for v in row[4:]] == [rank.breakdown[c] for c in used] and
+                       row[2] == f"{rank.peak_bytes / MIB:.3f}" for row in match)
+    # utilization table: utilization % with 3 decimals
+    util_rows = [row for row in rows if len(row) == 5]
+    assert sorted((int(r[3]), r[2]) for r in util_rows) == sorted(
+        (x.peak_bytes, f"{x.utilization * 100:.3f}") for s in ok for x in s.per_rank)
+    # imbalance table: the summary's imbalance, 4 decimals
+    imbalance = {row[2] for row in table(md, "run", "ranks")}
+    assert imbalance == {f"{s.job.imbalance:.4f}" for s in ok}
+    # under-utilized share stated
+    utils = [x.utilization for s in ok for x in s.per_rank]
+    under = sum(u < 0.5 for u in utils)
+    assert f"**{under} of {len(utils)} rank-runs ({under / len(utils) * 100:.1f} %) are under-utilized.**" in md
+    # frontier: the grid over the two swept keys, OOM cell marked
+    assert "| workload.batch_size \\ workload.rows | 10k | 20k |" in md
+    assert "| 4096 | 87.891 % | OOM (r0 step 0 forward; needs ≥ 103.516 %) |" in md
+
+
+def test_oom_results(tmp_path, capsys):
+    root = tmp_path / "runs"
+    ok = make_run(root / "a", [make_rank(0, 20 * MIB, CAP), make_rank(1, 20 * MIB, CAP)])
+    build_oom = make_run(root / "b", [make_rank(r, 90_000, CAP, status="oom", step=-1, phase="build",
+                                                oom=oom_event(r, -1, "build", 200_000_000, 90_000, CAP))
+                                      for r in range(2)], rows=200000)
+    code, _, err = run_report(capsys, root, "--format", "png")
+    assert code == 0, err
+    out = root / "report"
+    assert_figure(out, "fig1_timeline_1")
+    assert_figure(out, "fig1_timeline_2")  # the OOM run's timeline
+    md = (out / "report.md").read_text()
+    assert "out of memory" in md
+    oom_rows = table(md, "run", "rank")
+    assert any(row[1:7] == ["0", "-1", "build", "200000000", "90000", str(CAP)] for row in oom_rows)
+    # the OOM run is not in the distribution, and is said to be left out
+    assert "1 run(s) not finished" in md
+    assert ok.per_rank[0].peak_bytes and f"| {ok.per_rank[0].peak_bytes} |" in md
+    assert build_oom.status == "oom"
+
+
+def test_single_run_default_out(tmp_path, capsys):
+    run_dir = tmp_path / "20260101-000000-cccccc"
+    summary = make_run(run_dir, [make_rank(0, 16 * MIB, 4 * 1024**3), make_rank(1, 16 * MIB - 1632, 4 * 1024**3)])
+    code, _, err = run_report(capsys, run_dir, "--format", "png")
+    assert code == 0, err
+    out = run_dir / "report"
+    for stem in ("fig1_timeline_1", "fig2_breakdown", "fig3_utilization_cdf", "fig4_imbalance"):
+        assert_figure(out, stem)
+    assert not list(out.glob("fig5_*"))
+    md = (out / "report.md").read_text()
+    assert "## 5. OOM frontier\n\nSkipped: no sweep directory" in md
+    assert f"| 0 | ok | 16.000 | {16 * MIB} | step 2 forward | {4 * 1024**3} | 0.391 |" in md
+    assert summary.per_rank[1].peak_bytes == 16 * MIB - 1632 and f"{16 * MIB - 1632}" in md
+
+
+def test_plan_and_estimate_figures(tmp_path, capsys):
+    root = tmp_path / "study"
+    capacity = 80 * 1024**3
+    est = {"per_rank_peak": [18 * MIB, 15 * MIB], "error_pct": [12.5, -6.25],
+           "torchrec_per_rank_peak": [14 * MIB, 14 * MIB], "torchrec_error_pct": [-12.5, -12.5]}
+    make_run(root / "train" / "r1", [make_rank(0, 16 * MIB, CAP), make_rank(1, 16 * MIB, CAP)], estimate=est)
+    make_run(root / "train" / "r2", [make_rank(0, 30 * MIB, CAP), make_rank(1, 20 * MIB, CAP)], estimate=None)
+    plans = {}
+    for workload, size, per_rank_gib, verdict in (("tb_1", 16, [60, 66], "fits"), ("tb_1", 64, [15, 15.5], "fits"),
+                                                  ("tb_10", 128, [100, 101], "oom"), ("tb_10", 8, [], "oom")):
+        ranks = [make_rank(r, int(g * 1024**3), capacity, step=-1, phase="estimate") for r, g in enumerate(per_rank_gib)]
+        plans[(workload, size)] = make_run(
+            root / "plan" / f"{workload}-{size}", ranks, workload=workload, mode="plan", hardware="h100_80g",
+            status="ok" if verdict == "fits" else "oom", timeline=False,
+            error=None if ranks else "cannot place the tables",
+            estimate={"verdict": verdict, "worst_rank": 1 if ranks else None, "planner": "membench",
+                      "plan_time_s": 0.25})
+        # plan summaries carry the world size they planned for, not the ranks listed
+        summary = json.loads((root / "plan" / f"{workload}-{size}" / "summary.json").read_text())
+        summary["world_size"] = size
+        (root / "plan" / f"{workload}-{size}" / "summary.json").write_text(json.dumps(summary))
+    code, _, err = run_report(capsys, root, "--out", tmp_path / "out", "--format", "png")
+    assert code == 0, err
+    out = tmp_path / "out"
+    assert_figure(out, "fig6_estimate_vs_measured")
+    assert_figure(out, "fig7_plan_scale")
+    md = (out / "report.md").read_text()
+    estimate_rows = table(md, "run", "rank")
+    assert any(row[3:8] == [str(16 * MIB), str(18 * MIB), "+12.50", str(14 * MIB), "-12.50"] for row in estimate_rows)
+    assert any(row[3:6] == [str(16 * MIB), str(15 * MIB), "-6.25"] for row in estimate_rows)
+    plan_rows = {(row[0], row[2]): row for row in table(md, "workload", "hardware")}
+    assert plan_rows[("tb_1", "16")][3] == "fits" and plan_rows[("tb_1", "16")][7] == f"{66 / 80 * 100:.3f}"
+    assert plan_rows[("tb_10", "128")][3] == "oom" and plan_rows[("tb_10", "128")][4] == "1"
+    assert plan_rows[("tb_10", "8")][3] == "oom" and plan_rows[("tb_10", "8")][-1] == "cannot place the tables"
+    # plan runs are estimates: not in the measured utilization distribution
+    assert "**2 of 4 rank-runs" not in md and "rank-runs (" in md
+
+
+def test_deterministic(tmp_path, capsys):
+    root = tmp_path / "r"
+    make_sweep(root)
+    texts = []
+    for out in ("a", "b"):
+        assert run_report(capsys, root, "--out", tmp_path / out, "--format", "png")[0] == 0
+        texts.append((tmp_path / out / "report.md").read_text().replace(str(tmp_path / out), "OUT"))
+    assert texts[0] == texts[1]
+
+
+def test_corrupt_summary_is_skipped_with_warning(tmp_path, capsys):
+    root = tmp_path / "runs"
+    make_run(root / "good", [make_rank(0, 20 * MIB, CAP), make_rank(1, 21 * MIB, CAP)])
+    bad = root / "bad" / "summary.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("{not json")
+    code, _, err = run_report(capsys, root, "--format", "png")
+    assert code == 0
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and str(bad) in warnings[0]
+    md = (root / "report" / "report.md").read_text()
+    assert str(bad) in md  # listed under Warnings
+
+
+def one_line_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_empty_directory(tmp_path, capsys):
+    code, _, err = run_report(capsys, tmp_path)
+    assert code == 2
+    assert one_line_error(err) == f"membench report: no summary.json under {tmp_path}; run `membench run` first"
+    assert not (tmp_path / "report").exists()
+
+
+def test_missing_and_unreadable_directory(tmp_path, capsys, monkeypatch):
+    code, _, err = run_report(capsys, tmp_path / "nope")
+    assert code == 2 and "does not exist" in one_line_error(err)
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_listdir = os.listdir
+
+    def listdir(path="."):
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(report.os, "listdir", listdir)
+    code, _, err = run_report(capsys, locked)
+    assert code == 2 and "cannot read" in one_line_error(err) and "Permission denied" in err
+
+
+def test_only_corrupt_summaries(tmp_path, capsys):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "summary.json").write_text(json.dumps({"schema_version": 999}))
+    code, _, err = run_report(capsys, tmp_path)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and "schema_version 999" in lines[0]
+    assert lines[1].startswith("membench report: no readable summary.json under")
+
+
+def test_bad_format(tmp_path, capsys):
+    make_run(tmp_path / "a", [make_rank(0, MIB, CAP)])
+    code, _, err = run_report(capsys, tmp_path, "--format", "gif")
+    assert code == 2 and "--format" in one_line_error(err)
+
+
+def test_module_entry_point_exit_code(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench.report", str(tmp_path)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"membench report: no summary.json under {tmp_path}; run `membench run` first"
+
+
+def test_labels_name_what_differs(tmp_path):
+    root = tmp_path / "r"
+    make_sweep(root)
+    make_run(root / "z-invalid", [], status="invalid", error="invalid config: x")
+    (root / "z-invalid" / "config.yaml").unlink()  # invalid runs stop before the config is written
+    runs, sweeps = report.load_runs([root], skip=None)
+    assert sweeps[0].varying == ["workload.batch_size", "workload.rows"]
+    labels = [r.label for r in runs]
+    assert labels[:4] == ["batch=512 · rows=10k", "batch=512 · rows=20k", "batch=4096 · rows=10k",
+                          "batch=4096 · rows=20k"]
+    assert len(set(labels)) == len(labels)
+    assert load_summary(runs[0].dir).run_id == runs[0].s.run_id
