@@ -22,6 +22,7 @@ commands:
   plan       estimate per-rank memory for any world size (no GPU, tables never materialized)
   provision  recommend the smallest world size that fits with headroom (and per batch size)
   calibrate  fit the peak predictor from measured runs (results/calibration/<hardware>.json)
+  report     figures + report.md from runs, sweeps or a results directory
 
 examples:
   membench run                                      # tiny workload, hardware=auto (CPU: 2 ranks)
@@ -30,15 +31,16 @@ examples:
   membench run --help                               # config groups and every option
   membench plan workload=tb_10 hardware=h100_80g world_size=512
   membench provision workload=tb_1 hardware=h100_80g plan.headroom=0.1
+  membench report results/runs/sweep-<id> --out report/
 
 exit status: 0 ok, 1 failed, 2 invalid config, 3 out of memory, 4 timeout, 130 interrupted
 """
-COMMANDS = ("run", "plan", "provision", "calibrate")
+COMMANDS = ("run", "plan", "provision", "calibrate", "report")
 # Hydra apps: module and function
 HYDRA_COMMANDS = {"run": ("bench.run_app", "main"), "plan": ("bench.plan_app", "plan_main"),
                   "provision": ("bench.plan_app", "provision_main")}
 # subcommands with their own argparse interface (the rest are Hydra apps)
-ARGPARSE_COMMANDS = {"calibrate": "bench.calibrate"}
+ARGPARSE_COMMANDS = {"calibrate": "bench.calibrate", "report": "bench.report"}
 
 
 def new_run_id() -> str:
