@@ -70,10 +70,13 @@ def test_provisioning_is_monotonic_in_headroom():
 
 
 def test_fit_recovers_nonnegative_coefficients():
-    truth = {"const": 1000.0, "pooled_received": 1.5, "pooled_sent": 0.0, "ids_input": 2.0, "ids_received": 0.5}
-    samples = [{"const": 1.0, "pooled_received": a, "pooled_sent": b, "ids_input": c, "ids_received": d}
-               for a, b, c, d in [(1e6, 2e5, 3e4, 1e4), (2e6, 1e5, 5e4, 3e4), (5e5, 4e5, 2e4, 2e4),
-                                  (3e6, 3e5, 1e5, 5e4), (1.5e6, 1e6, 7e4, 9e4), (4e6, 2e6, 2e5, 1e5)]]
+    truth = {"const": 1000.0, "pooled_received": 1.5, "pooled_sent": 0.0, "ids_input": 2.0, "ids_received": 0.5,
+             "data_parallel_tables": 0.75}
+    samples = [{"const": 1.0, "pooled_received": a, "pooled_sent": b, "ids_input": c, "ids_received": d,
+                "data_parallel_tables": e}
+               for a, b, c, d, e in [(1e6, 2e5, 3e4, 1e4, 0), (2e6, 1e5, 5e4, 3e4, 1e6), (5e5, 4e5, 2e4, 2e4, 0),
+                                     (3e6, 3e5, 1e5, 5e4, 2e6), (1.5e6, 1e6, 7e4, 9e4, 0), (4e6, 2e6, 2e5, 1e5, 5e5),
+                                     (2.5e6, 7e5, 9e4, 4e4, 3e6)]]
     residuals = [sum(truth[k] * s[k] for k in FEATURES) for s in samples]
     fitted = fit_coefficients(samples, residuals)
     for name in FEATURES:
