@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from workloads.config import WorkloadConfig
-from workloads.placement import (GIB, Placement, PlacementError, _planner_error_shortfall, describe,
+from workloads.placement import (GIB, Placement, PlacementError, _planner_error_storage, describe,
                                  place_greedy, place_torchrec, table_storage)
 from workloads.spec import TableSpec
 from workloads.tables import build_spec
@@ -232,12 +232,13 @@ def test_planner_error_shortfall_parsing():
     message = ("Unable to find a plan ...\n\t  Global storage available for model parallel: "
                "Storage(hbm = 100.5 GB, ddr = 10.0 GB), \n\t  Global storage requirement for model "
                "parallel: Storage(hbm = 160.5 GB, ddr = 4.0 GB))\n")
-    assert _planner_error_shortfall(message) == 60 * GIB
-    assert _planner_error_shortfall("no storage here") is None
+    assert _planner_error_storage(message) == (60 * GIB, int(160.5 * GIB), int(100.5 * GIB))
+    assert _planner_error_storage("no storage here") is None
 
 
 def test_torchrec_insufficient_storage_becomes_placement_error():
     spec = assorted(num_tables=4)
-    with pytest.raises(PlacementError, match="short by") as info:
+    with pytest.raises(PlacementError, match="short by .* GiB .*storage reservation") as info:
         place_torchrec(spec, 2, GIB // 4, ddr_cap_bytes=GIB // 4, local_world_size=2)
     assert info.value.shortfall_bytes > 0
+    assert "\n" not in str(info.value)

@@ -145,13 +145,19 @@ class PlacementError(ValueError):
         self.table = table
 
 
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / TB:.2f} TB" if num_bytes >= TB // 100 else f"{num_bytes / GIB:.2f} GiB"
+
+
 def _capacity_error(total_bytes: int, world_size: int, capacity_bytes: int, shortfall_bytes: int,
-                    detail: str = "") -> PlacementError:
-    have = world_size * capacity_bytes
+                    detail: str = "", need_bytes: Optional[int] = None,
+                    have_bytes: Optional[int] = None) -> PlacementError:
+    need = total_bytes if need_bytes is None else need_bytes
+    have = world_size * capacity_bytes if have_bytes is None else have_bytes
     return PlacementError(
-        f"cannot place {total_bytes / TB:.2f} TB of tables on {world_size} ranks x "
+        f"cannot place {_size(total_bytes)} of tables on {world_size} ranks x "
         f"{capacity_bytes / GIB:.2f} GiB: short by {shortfall_bytes / GIB:.1f} GiB "
-        f"(need {total_bytes / GIB:.1f} GiB, have {have / GIB:.1f} GiB{detail}); "
+        f"(need {need / GIB:.1f} GiB, have {have / GIB:.1f} GiB{detail}); "
         "use more ranks or a larger device",
         shortfall_bytes=shortfall_bytes)
 
@@ -392,16 +398,19 @@ def _quiet_torchrec():
 _STORAGE_RE = re.compile(r"Storage\(hbm = ([\d.]+) GB, ddr = ([\d.]+) GB\)")
 
 
-def _planner_error_shortfall(message: str) -> Optional[int]:
-    """Shortfall in bytes from torchrec's INSUFFICIENT_STORAGE message: its "Global storage available
-    for model parallel" vs "Global storage requirement for model parallel" (each
-    ``Storage(hbm = X GB, ddr = Y GB)``, GB meaning GiB), summed over the tiers that are short."""
+def _planner_error_storage(message: str) -> Optional[Tuple[int, int, int]]:
+    """(shortfall, required, available) bytes from torchrec's INSUFFICIENT_STORAGE message: its "Global
+    storage requirement for model parallel" vs "Global storage available for model parallel" (after
+    its storage reservation), each ``Storage(hbm = X GB, ddr = Y GB)`` with GB meaning GiB, summed
+    over the tiers that are short. None when the message does not have them."""
     available = re.search(r"available for model parallel: " + _STORAGE_RE.pattern, message)
     required = re.search(r"requirement for model parallel: " + _STORAGE_RE.pattern, message)
     if not (available and required):
         return None
-    gap = sum(max(0.0, float(required.group(i)) - float(available.group(i))) for i in (1, 2))
-    return int(round(gap * GIB))
+    short = [i for i in (1, 2) if float(required.group(i)) > float(available.group(i))]
+    need = sum(float(required.group(i)) for i in short)
+    have = sum(float(available.group(i)) for i in short)
+    return int(round((need - have) * GIB)), int(round(need * GIB)), int(round(have * GIB))
 
 
 def place_torchrec(spec: WorkloadSpec, world_size: int, capacity_bytes: int, *, local_world_size: int = 8,
@@ -427,7 +436,9 @@ def place_torchrec(spec: WorkloadSpec, world_size: int, capacity_bytes: int, *, 
     construction + ``plan()``; building the meta model is ``info["model_build_s"]``.
 
     torchrec's ``PlannerError`` is re-raised as `PlacementError`: for INSUFFICIENT_STORAGE with the
-    shortfall parsed from its message (required - available, GiB).
+    shortfall parsed from its message (its estimated requirement - what is available after its
+    reservation, in the tiers that are short). Without a timeout such a case can search for a long time
+    before it fails.
     """
     import torch
     from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -457,11 +468,15 @@ def place_torchrec(spec: WorkloadSpec, world_size: int, capacity_bytes: int, *, 
             message = str(error)
             total = sum(sum(table_storage(t, spec.config.embedding_optimizer)) for t in spec.tables)
             if getattr(error, "error_type", None) == PlannerErrorType.INSUFFICIENT_STORAGE:
-                shortfall = _planner_error_shortfall(message)
-                if shortfall is None:
-                    shortfall = max(0, total - world_size * capacity_bytes)
-                raise _capacity_error(total, world_size, capacity_bytes, shortfall,
-                                      detail="; torchrec's planner: insufficient storage") from error
+                parsed = _planner_error_storage(message)
+                if parsed is None:
+                    raise _capacity_error(total, world_size, capacity_bytes,
+                                          max(0, total - world_size * capacity_bytes),
+                                          detail="; torchrec's planner: insufficient storage") from error
+                shortfall, need, have = parsed
+                raise _capacity_error(total, world_size, capacity_bytes, shortfall, need_bytes=need,
+                                      have_bytes=have,
+                                      detail=" after torchrec's storage reservation, by its estimate") from error
             first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
             raise PlacementError(f"torchrec's planner found no plan for {world_size} ranks: {first}") from error
     plan_time_s = time.perf_counter() - start

@@ -27,6 +27,7 @@ from typing import Callable, List
 
 import torch
 
+from bench.perf.table import print_table
 from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
 from workloads.data import Batch, SyntheticBatches
 from workloads.spec import WorkloadSpec
@@ -185,22 +186,7 @@ def render(rows: List[Row], header: str) -> None:
         ]
         for r in rows
     ]
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(header)
-        widths = [max(len(c), *(len(d[i]) for d in data)) for i, c in enumerate(cols)]
-        print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
-        for d in data:
-            print("  ".join(v.rjust(w) for v, w in zip(d, widths)))
-        return
-    table = Table(title=header)
-    for c in cols:
-        table.add_column(c, justify="left" if c == "shape" else "right")
-    for d in data:
-        table.add_row(*d)
-    Console(width=200).print(table)
+    print_table(header, cols, data, left={"shape"})
 
 
 def main(argv: List[str] | None = None) -> None:

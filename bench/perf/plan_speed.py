@@ -13,10 +13,11 @@ torchrec also gets 2 TiB of host memory per rank for UVM). For each it prints th
 fullest rank's embedding memory (weights + optimizer state, GiB), the mean, the imbalance (max/mean)
 and the speedup (torchrec's plan time / ours).
 
-torchrec takes minutes per point at this scale (hours for the whole grid): ``--quick`` uses smaller
-shapes (tables of 2M rows: 50 tables on 8, 16, 32 ranks; 25, 50, 100 tables on 8 ranks) and finishes
-in about two minutes; ``--skip-torchrec`` times
-ours alone at full scale. ``--torchrec-timeout S`` passes ``timeout_seconds`` to torchrec's planner,
+tb_10 does not fit 64 ranks of 80 GiB HBM (ours reports the shortfall, ~4.5k GiB); torchrec may spill
+to host memory (UVM) there, but on a 2-core machine its planner did not finish tb_10 on 64 ranks within
+45 minutes. torchrec takes minutes to hours per point at this scale: ``--quick`` uses smaller shapes
+(tables of 2M rows: 50 tables on 8, 16, 32 ranks; 25, 50, 100 tables on 8 ranks) and finishes in
+about two minutes; ``--skip-torchrec`` times ours alone at full scale. ``--torchrec-timeout S`` passes ``timeout_seconds`` to torchrec's planner,
 which bounds its proposal search only (not enumeration) and makes its plan depend on wall-clock time.
 torchrec's plan time excludes building the meta-device model (``setup s``).
 """
@@ -29,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional
 
+from bench.perf.table import print_table
 from workloads.config import WorkloadConfig
 from workloads.placement import GIB, TB, Placement, PlacementError, place_greedy, place_torchrec
 from workloads.spec import WorkloadSpec
@@ -133,7 +135,7 @@ def fmt(value: Optional[float], spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_table(rows: List[Row], header: str) -> None:
+def render(rows: List[Row], header: str) -> None:
     cols = ["section", "workload", "tables", "TB", "ranks", "planner", "plan s", "setup s", "max GiB",
             "mean GiB", "imbalance", "shards", "torchrec/ours", "note"]
     data = []
@@ -154,23 +156,7 @@ def print_table(rows: List[Row], header: str) -> None:
             fmt(p.imbalance if p else None, ".4f"), str(len(p.shards)) if p else "-",
             f"{r.speedup:,.0f}x" if r.speedup else "-", note,
         ])
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(header)
-        widths = [max(len(c), *(len(d[i]) for d in data)) for i, c in enumerate(cols)]
-        print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-        for d in data:
-            print("  ".join(v.ljust(w) for v, w in zip(d, widths)))
-        return
-    table = Table(title=header)
-    for c in cols:
-        table.add_column(c, justify="left" if c in ("section", "workload", "planner", "note") else "right",
-                         overflow="fold")
-    for d in data:
-        table.add_row(*d)
-    Console(width=240).print(table)
+    print_table(header, cols, data, left={"section", "workload", "planner", "note"}, width=240)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -211,7 +197,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         rows += measure(f"tables @ {table_world}", shape, build_spec(replace(base, num_tables=n)), table_world, args,
                         capacity)
 
-    print_table(rows, f"plan mode placement: membench greedy vs torchrec default planner "
+    render(rows, f"plan mode placement: membench greedy vs torchrec default planner "
                       f"({args.capacity_gib:g} GiB HBM per rank, {args.ranks_per_node} ranks per node"
                       f"{', torchrec timeout %d s' % args.torchrec_timeout if args.torchrec_timeout else ''})")
     print(f"total {time.perf_counter() - t_start:.1f} s. max/mean GiB: embedding weights + optimizer state per "
