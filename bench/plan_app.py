@@ -77,11 +77,11 @@ def place(cfg: RunConfig, spec, target: PlanTarget, world_size: int):
                         max_shard_fraction=cfg.plan.max_shard_fraction)
 
 
-def predict_ranks(cfg: RunConfig, spec, target: PlanTarget, placement, dense):
+def predict_ranks(cfg: RunConfig, spec, target: PlanTarget, placement, dry_run):
     from workloads.estimate import add_device_overheads, load_calibration, predict, shares_from_placement
 
     calibration = load_calibration(CALIBRATION_DIR, calibration_key(target.device_type, cfg.hardware.name))
-    predictions = predict(spec, shares_from_placement(placement, spec), calibration.coefficients, dense)
+    predictions = predict(spec, shares_from_placement(placement, spec), calibration.coefficients, dry_run)
     return [add_device_overheads(p, target.device_type) for p in predictions], calibration
 
 
@@ -160,7 +160,7 @@ def print_plan(summary: RunSummary, run_dir: Path) -> None:
 
 
 def run_plan(cfg: RunConfig, run_dir: Path, run_id: str) -> RunSummary:
-    from workloads.estimate import dense_dry_run
+    from workloads.estimate import DryRunModel
     from workloads.placement import PlacementError
 
     started = time.perf_counter()
@@ -180,8 +180,7 @@ def run_plan(cfg: RunConfig, run_dir: Path, run_id: str) -> RunSummary:
     except PlacementError as err:
         summary = plan_summary(cfg, target, run_id, [], None, None, time.perf_counter() - started, error=str(err))
     else:
-        dense = dense_dry_run(spec)
-        predictions, calibration = predict_ranks(cfg, spec, target, placement, dense)
+        predictions, calibration = predict_ranks(cfg, spec, target, placement, DryRunModel(spec))
         summary = plan_summary(cfg, target, run_id, predictions, placement, calibration,
                                time.perf_counter() - started)
     write_summary(run_dir, summary)
@@ -197,7 +196,7 @@ def plan_main(dict_cfg: DictConfig) -> None:
 
 
 # -- provisioning ----------------------------------------------------------------------------------
-def evaluate(cfg: RunConfig, spec, target: PlanTarget, world_size: int, dense) -> dict:
+def evaluate(cfg: RunConfig, spec, target: PlanTarget, world_size: int, dry_run) -> dict:
     from workloads.placement import PlacementError
 
     budget = int(target.capacity_bytes * (1 - cfg.plan.headroom))
@@ -206,7 +205,7 @@ def evaluate(cfg: RunConfig, spec, target: PlanTarget, world_size: int, dense) -
     except PlacementError as err:
         return {"world_size": world_size, "fits": False, "max_rank_bytes": None, "shortfall_bytes": err.shortfall_bytes,
                 "reason": str(err)}
-    predictions, _ = predict_ranks(cfg, spec, target, placement, dense)
+    predictions, _ = predict_ranks(cfg, spec, target, placement, dry_run)
     worst = max(p.total_bytes for p in predictions)
     mean = statistics.fmean(p.total_bytes for p in predictions)
     return {"world_size": world_size, "fits": worst <= budget, "max_rank_bytes": worst,
@@ -215,7 +214,7 @@ def evaluate(cfg: RunConfig, spec, target: PlanTarget, world_size: int, dense) -
 
 
 def provision(cfg: RunConfig) -> dict:
-    from workloads.estimate import dense_dry_run
+    from workloads.estimate import DryRunModel
 
     target = resolve_target(cfg)
     validate_workload(cfg.workload)
@@ -225,10 +224,10 @@ def provision(cfg: RunConfig) -> dict:
     for batch in batch_sizes:
         cfg.workload.batch_size = batch
         spec = build_spec(cfg.workload)
-        dense = dense_dry_run(spec)
-        candidates, previous, chosen = [], None, None
+        dry_run = DryRunModel(spec)  # built once per batch size, stepped per distinct rank share
+        previous, chosen = None, None
         for world_size in range(target.ranks_per_node, cfg.plan.max_world_size + 1, target.ranks_per_node):
-            point = evaluate(cfg, spec, target, world_size, dense)
+            point = evaluate(cfg, spec, target, world_size, dry_run)
             if point["fits"]:
                 chosen = point
                 break

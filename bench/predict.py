@@ -22,7 +22,7 @@ def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[st
     """Plan on the meta device exactly as the workers will, then predict per-rank peaks."""
     import torch
 
-    from workloads.estimate import dense_dry_run, load_calibration, predict, shares_from_plan
+    from workloads.estimate import DryRunModel, load_calibration, predict, shares_from_plan
     from workloads.model import build_model
     from workloads.plan import describe_plan, make_sharding_plan, torchrec_rank_estimates
     from workloads.tables import build_spec
@@ -34,10 +34,10 @@ def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[st
         model = build_model(spec, torch.device("meta"))
         plan, planner = make_sharding_plan(cfg, spec, launch.world_size, launch.ranks_per_node,
                                            launch.device_type, launch.capacity_bytes, model)
-        dense = dense_dry_run(spec)
+        dry_run = DryRunModel(spec)
     calibration = load_calibration(calibration_dir, calibration_key(launch.device_type, cfg.hardware.name))
     shares = shares_from_plan(describe_plan(plan), spec, launch.world_size)
-    predictions = predict(spec, shares, calibration.coefficients, dense)
+    predictions = predict(spec, shares, calibration.coefficients, dry_run)
     return {
         "calibration": calibration.source,
         "per_rank_peak": [p.total_bytes for p in predictions],

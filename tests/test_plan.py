@@ -89,7 +89,7 @@ def test_prediction_breakdown_for_a_table_wise_share():
     spec = build_spec(cfg.workload)
     dense = dense_dry_run(spec)
     share = RankShare(weight_bytes=1000, optimizer_bytes=40, sent_dims=64, sent_pooling=4.0)
-    (prediction,) = predict(spec, [share], {name: 0.0 for name in FEATURES}, dense)
+    (prediction,) = predict(spec, [share], {name: 0.0 for name in FEATURES})
     assert prediction.breakdown["embedding_weights"] == 1000
     assert prediction.breakdown["dense_grads"] == prediction.breakdown["dense_params"] == dense.params_bytes
     # Adam: two fp32 states per dense parameter, plus one step counter per parameter tensor

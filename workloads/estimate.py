@@ -205,23 +205,19 @@ def dense_dry_run(spec: WorkloadSpec, steps: int = 2) -> DenseDryRun:
 
 
 def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[str, float],
-            dense: Optional[DenseDryRun] = None, simulate_sparse: bool = True) -> List[RankPrediction]:
-    """Per-rank peak. With `simulate_sparse`, each distinct rank share gets its own dry run that includes
-    the sparse-side buffers; otherwise one dense dry run plus the linear feature terms."""
+            model: Optional[DryRunModel] = None) -> List[RankPrediction]:
+    """Per-rank peak: one dry run (with the rank's sparse side simulated) per distinct rank share, plus
+    the calibrated correction. Pass `model` to reuse a built dry-run model across calls."""
     world_size = len(shares)
-    model = DryRunModel(spec) if simulate_sparse or dense is None else None
-    dense = dense or (None if simulate_sparse else model.run())
+    model = model or DryRunModel(spec)
     runs: Dict[tuple, DenseDryRun] = {}
     predictions = []
     for rank, share in enumerate(shares):
         features = features_for_rank(spec, share, world_size)
-        if simulate_sparse:
-            key = (share.sent_dims, round(share.sent_pooling, 3))
-            if key not in runs:
-                runs[key] = model.run(share, world_size)
-            run = runs[key]
-        else:
-            run = dense
+        key = (share.sent_dims, round(share.sent_pooling, 3))
+        if key not in runs:
+            runs[key] = model.run(share, world_size)
+        run = runs[key]
         activations = run.peak_bytes - run.params_bytes - run.optimizer_bytes
         residual = sum(coefficients.get(name, 0.0) * value for name, value in features.items())
         breakdown = {

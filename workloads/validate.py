@@ -5,7 +5,7 @@ with a bad value is refused as `invalid` instead of crashing inside torchrec min
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Iterable, List
 
 from workloads.config import WorkloadConfig
 
@@ -143,12 +143,3 @@ def check_host_memory(physical_bytes: int, replicas: int, optimizer_factor: floa
         raise ConfigError(field, value, f"materialized tables need about {needed / 2**30:.1f} GiB of host "
                                         f"RAM but only {usable / 2**30:.1f} GiB is usable here; use "
                                         f"workload.materialize=scaled workload.scaled_max_gib=<GiB>")
-
-
-def first_error(checks: Iterable[Callable[[], None]]) -> Optional[ConfigError]:
-    for check in checks:
-        try:
-            check()
-        except ConfigError as err:
-            return err
-    return None
