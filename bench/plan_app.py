@@ -11,10 +11,10 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig

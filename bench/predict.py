@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 

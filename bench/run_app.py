@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import List, Optional, Tuple

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-from typing import Callable, ContextManager, Dict, List, Optional, Sequence
+from typing import Callable, ContextManager, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist

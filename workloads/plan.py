@@ -105,13 +105,13 @@ def make_sharding_plan(cfg, spec: WorkloadSpec, world_size: int, ranks_per_node:
 def torchrec_rank_estimates(planner, world_size: int) -> List[int]:
     """torchrec's own per-rank memory estimate for its chosen plan: the storage of every shard it placed
     (weights, optimizer state and its input/output buffer estimates) plus what its storage reservation
-    set aside for dense tensors and KJTs. Reads private planner state (`_best_plan`,
-    `_storage_reservation`): this is the one place that does."""
+    set aside for dense tensors and KJTs. The shards come from `placement._best_plan_shards`, the one
+    reader of the planner's private `_best_plan`; the reservation is private state too."""
+    from workloads.placement import _best_plan_shards
+
     per_rank = [0] * world_size
-    for option in planner._best_plan or []:
-        for shard in option.shards:
-            if shard.rank is not None and shard.storage is not None:
-                per_rank[shard.rank] += shard.storage.hbm + shard.storage.ddr
+    for *_, rank, hbm_bytes, ddr_bytes in _best_plan_shards(planner):
+        per_rank[rank] += hbm_bytes + ddr_bytes
     reservation = getattr(planner, "_storage_reservation", None)
     for name in ("_dense_storage", "_kjt_storage"):
         storage = getattr(reservation, name, None)

@@ -27,16 +27,17 @@ def local_tensors(value) -> Iterator[torch.Tensor]:
         yield value
 
 
+def _state_tensors(per_param: Dict) -> Iterator[torch.Tensor]:
+    """The tensors of one parameter's optimizer state (a dict of state entries, or a single value)."""
+    for value in per_param.values() if isinstance(per_param, dict) else [per_param]:
+        yield from local_tensors(value)
+
+
 def optimizer_state_tensors(optimizer) -> List[torch.Tensor]:
     """Every state tensor of a plain torch optimizer (none for None)."""
     if optimizer is None:
         return []
-    return [t for state in optimizer.state.values() for value in state.values() for t in local_tensors(value)]
-
-
-def _state_tensors(per_param: Dict) -> Iterator[torch.Tensor]:
-    for value in per_param.values() if isinstance(per_param, dict) else [per_param]:
-        yield from local_tensors(value)
+    return [t for per_param in optimizer.state.values() for t in _state_tensors(per_param)]
 
 
 def torchrec_ownership(model: nn.Module, dense_optimizer) -> Dict[str, List[torch.Tensor]]:
