@@ -23,6 +23,7 @@ commands:
   provision  recommend the smallest world size that fits with headroom (and per batch size)
   calibrate  fit the peak predictor from measured runs (results/calibration/<hardware>.json)
   report     figures + report.md from runs, sweeps or a results directory
+  compare    the regression table between two runs (or two sweeps, point by point); exit 1 if they differ
 
 examples:
   membench run                                      # tiny workload, hardware=auto (CPU: 2 ranks)
@@ -32,15 +33,16 @@ examples:
   membench plan workload=tb_10 hardware=h100_80g world_size=512
   membench provision workload=tb_1 hardware=h100_80g plan.headroom=0.1
   membench report results/runs/sweep-<id> --out report/
+  membench compare results/runs/<run A> results/runs/<run B> --rtol 0.01
 
 exit status: 0 ok, 1 failed, 2 invalid config, 3 out of memory, 4 timeout, 130 interrupted
 """
-COMMANDS = ("run", "plan", "provision", "calibrate", "report")
+COMMANDS = ("run", "plan", "provision", "calibrate", "report", "compare")
 # Hydra apps: module and function
 HYDRA_COMMANDS = {"run": ("bench.run_app", "main"), "plan": ("bench.plan_app", "plan_main"),
                   "provision": ("bench.plan_app", "provision_main")}
 # subcommands with their own argparse interface (the rest are Hydra apps)
-ARGPARSE_COMMANDS = {"calibrate": "bench.calibrate", "report": "bench.report"}
+ARGPARSE_COMMANDS = {"calibrate": "bench.calibrate", "report": "bench.report", "compare": "bench.compare_app"}
 
 
 def new_run_id() -> str:

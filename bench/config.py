@@ -67,9 +67,9 @@ class ModelConfig:
 
 @dataclass
 class LauncherConfig:
-    # No progress (a finished phase on any rank) for this long -> the run is killed as a whole process
-    # group and marked `timeout`; collectives time out after the same time, so a dead peer cannot hang
-    # the others forever.
+    # No progress (a finished phase on any rank) for this long -> the launcher ends the torchrun agents
+    # and every rank, and marks the run `timeout`; collectives time out after twice this time, so a dead
+    # peer cannot hang the others forever, yet a stall is always the watchdog's to report.
     watchdog_s: int = 300
     # Multi-node (hardware.nodes > 1): c10d rendezvous at node 0's host:port, the same on every node
     rdzv_endpoint: str = "127.0.0.1:29400"
@@ -110,7 +110,7 @@ class RunConfig:
     nodes: Optional[int] = None
     plan: PlanConfig = field(default_factory=PlanConfig)
     results_dir: str = "results/runs"
-    # Wall-clock limit of one torchrun job; exceeded -> status `timeout`, process group killed
+    # Wall-clock limit of one torchrun job; exceeded -> status `timeout`, every agent and rank ended
     timeout_s: int = 1800
     # Set by the CLI from Hydra's output directory; not meant to be overridden
     run_id: str = ""

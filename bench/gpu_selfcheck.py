@@ -168,11 +168,15 @@ def run_checks(dry_run: bool, out_dir: Path, steps: int, width: int, batch: int)
     check("memory_viz snapshot", bool(snapshots) and all(p.exists() and p.stat().st_size > 0 for p in snapshots),
           ", ".join(f"{p.name} {p.stat().st_size} B" for p in snapshots if p.exists()))
 
-    # 2. recorder overhead: the same steps without a recorder
+    # 2. recorder overhead: the same steps without a recorder (a GPU measurement: the dry run's CPU
+    # stand-in says nothing about it, and a timing limit on a shared CPU machine would only be noise)
     plain_s = train(model, optimizer, None, device, steps, batch, width)
     ratio = recorded_s / plain_s if plain_s else float("inf")
-    check("recorder overhead", ratio < (5.0 if dry_run else 1.10),
-          f"step {recorded_s * 1e3:.2f} ms recorded vs {plain_s * 1e3:.2f} ms plain: ratio {ratio:.3f}")
+    detail = f"step {recorded_s * 1e3:.2f} ms recorded vs {plain_s * 1e3:.2f} ms plain: ratio {ratio:.3f}"
+    if dry_run:
+        print(f"SKIP recorder overhead: dry run, not a CUDA timing ({detail})", flush=True)
+    else:
+        check("recorder overhead", ratio < 1.10, detail)
 
     # 3. a forced OOM is captured with its step, phase and requested bytes
     oom_recorder = CudaRecorder(0, device, capacity, None, warmup_steps=0, snapshot_dir=out_dir, **hooks)

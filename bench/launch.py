@@ -1,7 +1,9 @@
 """Launch one run under torchrun as a subprocess and turn what the ranks left behind into a summary.
 
-The torchrun command is an argument list (never a shell string), runs in its own process group so a
-timeout can kill every rank, and its output is streamed to the console and to `launcher.log`.
+The torchrun command is an argument list (never a shell string) and runs in its own session; its output
+is streamed to the console and to `launcher.log`. Whatever ends a run (success, a failed rank, the
+watchdog, timeout_s, Ctrl-C), the launcher ends and then verifies every rank process of it (bench.reaper):
+torchrun starts each rank in a session of its own, out of reach of a signal to the agent's group.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from bench.exit_codes import STATUS_EXIT_CODE
+from bench.reaper import KILL_GRACE_S, end_processes, end_run, wait_for_no_ranks
 from bench.results import (ResultsError, RankResult, RunSummary, job_stats, load_rank_result, rank_file,
                            write_summary)
 from bench.runspec import LaunchSpec, config_hash, write_run_config
@@ -25,7 +28,10 @@ from bench.config import RunConfig
 from bench.predict import score, try_predict_run
 from bench.versions import environment_versions
 
-KILL_GRACE_S = 5.0
+# One agent failed and another is still running after this long: stop waiting for it
+LAGGING_AGENT_S = 6 * KILL_GRACE_S
+# After the agents exit, how long their ranks get to finish exiting before they count as left behind
+LEFTOVER_WAIT_S = 2.0
 
 
 @dataclass
@@ -71,12 +77,13 @@ def latest_progress(run_dir: Path) -> float:
     return max(times, default=0.0)
 
 
-def run_agents(cmds: List[List[str]], env: dict, log_path: Path, timeout_s: float, *, watchdog_s: float,
-               progress: Callable[[], float] = lambda: 0.0, echo: bool = True,
-               tail_lines: int = 60, poll_s: float = 0.2) -> ProcessOutcome:
-    """Run the agents, each in its own session, tee their output, and kill every process group on a
-    wall-clock timeout, on a stall (no progress for watchdog_s), when one agent fails and the others
-    do not follow within KILL_GRACE_S * 6, or on Ctrl-C (then re-raise)."""
+def run_agents(cmds: List[List[str]], env: dict, log_path: Path, run_dir: Path, timeout_s: float, *,
+               watchdog_s: float, echo: bool = True, tail_lines: int = 60, poll_s: float = 0.2,
+               kill_grace_s: float = KILL_GRACE_S) -> ProcessOutcome:
+    """Run the agents, each in its own session, tee their output, and end the agents and every rank on a
+    wall-clock timeout, on a stall (no rank progress for watchdog_s), when one agent fails and the others
+    do not follow within LAGGING_AGENT_S, or on Ctrl-C (then re-raise). However the agents end, no rank
+    of the run is left running when this returns."""
     started_wall, started = time.time(), time.monotonic()
     tail: List[str] = []
     lock = threading.Lock()
@@ -84,16 +91,19 @@ def run_agents(cmds: List[List[str]], env: dict, log_path: Path, timeout_s: floa
         procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                   bufsize=1, start_new_session=True) for cmd in cmds]
 
+        def write(line: str) -> None:
+            with lock:
+                log.write(line)
+                log.flush()
+                tail.append(line.rstrip("\n"))
+                del tail[:-tail_lines]
+                if echo:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+
         def pump(proc: subprocess.Popen, prefix: str) -> None:
             for line in proc.stdout:
-                with lock:
-                    log.write(prefix + line)
-                    log.flush()
-                    tail.append(prefix + line.rstrip("\n"))
-                    del tail[:-tail_lines]
-                    if echo:
-                        sys.stdout.write(prefix + line)
-                        sys.stdout.flush()
+                write(prefix + line)
 
         readers = [threading.Thread(target=pump, args=(proc, f"[node {i}] " if len(procs) > 1 else ""),
                                     daemon=True) for i, proc in enumerate(procs)]
@@ -106,47 +116,40 @@ def run_agents(cmds: List[List[str]], env: dict, log_path: Path, timeout_s: floa
                 now = time.monotonic()
                 if now - started > timeout_s:
                     timed_out = True
-                elif time.time() - max(progress(), started_wall) > watchdog_s:
+                elif time.time() - max(latest_progress(run_dir), started_wall) > watchdog_s:
                     stalled = True
                 if first_failure is None and any(proc.poll() not in (None, 0) for proc in procs):
                     first_failure = now
-                lagging = first_failure is not None and now - first_failure > 6 * KILL_GRACE_S
+                lagging = first_failure is not None and now - first_failure > LAGGING_AGENT_S
                 if timed_out or stalled or lagging:
-                    for proc in procs:
-                        kill_group(proc)
+                    stop_run(procs, run_dir, write, kill_grace_s)
                     break
                 time.sleep(poll_s)
         except KeyboardInterrupt:
-            for proc in procs:
-                kill_group(proc)
+            stop_run(procs, run_dir, write, kill_grace_s)
             raise
+        reap_leftover_ranks(run_dir, write, kill_grace_s)
         for reader in readers:
             reader.join(timeout=KILL_GRACE_S)
     return ProcessOutcome([proc.returncode for proc in procs], timed_out, stalled, time.monotonic() - started, tail)
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group (torchrun forwards it to the ranks), then SIGKILL whatever is left."""
-    if proc.poll() is not None:
-        # the agent is gone, but ranks in its session may not be
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # ranks can outlive torchrun itself
-    except ProcessLookupError:
-        pass
-    proc.wait()
+def stop_run(procs: List[subprocess.Popen], run_dir: Path, write: Callable[[str], None],
+             grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM the agents and the ranks together, SIGKILL what is left after the grace, then verify."""
+    survivors = end_run(procs, run_dir, grace_s)
+    if survivors:
+        write(f"[membench] could not end process(es) {survivors} of this run\n")
+
+
+def reap_leftover_ranks(run_dir: Path, write: Callable[[str], None], grace_s: float = KILL_GRACE_S) -> None:
+    """Every agent has exited: a rank still running has outlived torchrun (its agent was killed before it
+    could end it). End it, and say so."""
+    leftovers = wait_for_no_ranks(run_dir, LEFTOVER_WAIT_S)
+    if leftovers:
+        survivors = end_processes([], leftovers, grace_s)
+        write(f"[membench] rank process(es) {sorted(p.pid for p in leftovers)} outlived torchrun: ended"
+              + (f"; could not end {survivors}" if survivors else "") + "\n")
 
 
 # torchrun's failure summary: "rank      : 1 (local_rank: 1)" followed by "exitcode  : -9 (pid: 123)"
@@ -217,9 +220,9 @@ def failure_reason(status: str, outcome: ProcessOutcome, ranks: List[RankResult]
         return None
     if status == "timeout":
         if outcome.stalled:
-            return (f"no progress for launcher.watchdog_s={cfg.launcher.watchdog_s} s; killed the torchrun "
-                    f"process group")
-        return f"no result within timeout_s={cfg.timeout_s} s; killed the torchrun process group"
+            return (f"no progress for launcher.watchdog_s={cfg.launcher.watchdog_s} s; ended the torchrun agents "
+                    f"and every rank")
+        return f"no result within timeout_s={cfg.timeout_s} s; ended the torchrun agents and every rank"
     if status == "oom":
         first = next(r for r in ranks if r.status == "oom")
         oom = first.oom or {}
@@ -247,8 +250,8 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     log_path = run_dir / "launcher.log"
     try:
-        outcome = run_agents(torchrun_commands(launch, run_dir, run_id), worker_env(launch), log_path, cfg.timeout_s,
-                             watchdog_s=cfg.launcher.watchdog_s, progress=lambda: latest_progress(run_dir), echo=echo)
+        outcome = run_agents(torchrun_commands(launch, run_dir, run_id), worker_env(launch), log_path, run_dir,
+                             cfg.timeout_s, watchdog_s=cfg.launcher.watchdog_s, echo=echo)
     except KeyboardInterrupt:
         write_interrupted(cfg, launch, run_dir, run_id, started_at, sweep_id)
         raise
@@ -302,7 +305,7 @@ def write_interrupted(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id:
         world_size=launch.world_size, device_type=launch.device_type, device_name=device_name(launch),
         model_backend=cfg.model.backend, config_hash=config_hash(cfg), versions=environment_versions(),
         started_at=started_at, wall_s=0.0, exit_code=STATUS_EXIT_CODE["failed"],
-        error="interrupted (Ctrl-C); the torchrun process group was killed", per_rank=ranks, sweep_id=sweep_id))
+        error="interrupted (Ctrl-C); the torchrun agents and every rank were ended", per_rank=ranks, sweep_id=sweep_id))
 
 
 def read_plan(run_dir: Path) -> list:

@@ -5,6 +5,10 @@ import logging
 import warnings
 
 QUIET_LOGGERS = ("torchrec", "torch.fx._symbolic_trace")
+# torchrec.distributed.logger makes loggers named "<destination>-<handler class>" outside the torchrec
+# namespace; MethodLogger records every planner call (inputs and outputs) at INFO
+TORCHREC_LOGGER_DESTINATIONS = ("MethodLogger", "UnfilteredLogger", "SingleRankStaticLogger",
+                                "AllRankStaticLogger", "CappedLogger", "Cap1Logger", "Cap01Logger")
 
 
 def quiet_libraries() -> None:
@@ -12,6 +16,9 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module="torchrec")
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    for name in list(logging.root.manager.loggerDict):  # those torchrec created already (at its import)
+        if name.split("-")[0] in TORCHREC_LOGGER_DESTINATIONS:
+            logging.getLogger(name).setLevel(logging.ERROR)
     # Messages logged through the root logger itself (torchrec: once per data-parallel table) or that
     # reach its handlers from module loggers (fbgemm: one line per library it loads at import).
     root = logging.getLogger()

@@ -201,3 +201,20 @@ def load_summary(path: Path) -> RunSummary:
         return RunSummary(per_rank=ranks, job=job, **data)
     except TypeError as err:
         raise ResultsError(f"{path}: unexpected fields ({err}); re-run the workload") from None
+
+
+SWEEP_INDEX = "sweep.json"
+
+
+def is_sweep_dir(path: Path) -> bool:
+    return (Path(path) / SWEEP_INDEX).is_file()
+
+
+def read_sweep_index(sweep_dir: Path) -> Dict[str, Any]:
+    """A sweep's sweep.json: {"sweep_id", "runs": [{run_id, status, overrides, dir, error}]}, checked."""
+    path = Path(sweep_dir) / SWEEP_INDEX
+    data = read_json_object(path)
+    runs = data.get("runs")
+    if not isinstance(runs, list) or not all(isinstance(run, dict) and "dir" in run for run in runs):
+        raise ResultsError(f"{path}: `runs` must be a list of points with a `dir`; re-run the sweep")
+    return data

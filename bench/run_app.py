@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from bench.config import RunConfig
 from bench.exit_codes import STATUS_EXIT_CODE
 from bench.results import RunSummary, atomic_write_json, read_json, write_summary
-from bench.runspec import config_hash, cuda_device_count, resolve_launch, to_run_config, validate_run
+from bench.runspec import config_hash, resolve_launch, to_run_config, validate_run, visible_cuda_devices
 from bench.summary_table import print_run_summary, print_sweep
 from bench.versions import environment_versions
 from workloads.validate import ConfigError
@@ -40,7 +40,7 @@ def execute_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[s
 
     cfg.run_id = run_id
     try:
-        launch = resolve_launch(cfg, cuda_device_count())
+        launch = resolve_launch(cfg, visible_cuda_devices(cfg))
         validate_run(cfg, launch)
     except ConfigError as err:
         print(f"membench: {err}", file=sys.stderr)

@@ -21,6 +21,11 @@ from workloads.validate import (COMPUTE_KERNELS, EMBEDDING_OPTIMIZERS_CPU_FUSED,
                                 validate_workload)
 
 DEFAULT_CPU_RANKS = 2
+# Collectives wait this many watchdog periods before they time out: longer than the watchdog, so a
+# stalled rank is always caught by the launcher (status timeout, every rank ended) rather than surfacing
+# first as a collective error on its peers (failed), and a dead peer still cannot hang a job that runs
+# without the launcher watching.
+COLLECTIVE_TIMEOUT_FACTOR = 2
 # Rough multiplier of table bytes for optimizer state, only for the "fits in host RAM" check
 OPTIMIZER_STATE_FACTOR = {"sgd": 1.0, "rowwise_adagrad": 1.05, "adam": 3.0}
 # Fields that change what is measured (run_id, output paths and timeouts do not)
@@ -62,6 +67,12 @@ def cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def visible_cuda_devices(cfg: RunConfig) -> int:
+    """CUDA devices torch sees, asked only when the config can use them (importing torch costs the
+    launching process about 1.5 s, on every CPU run otherwise)."""
+    return 0 if cfg.hardware.device == "cpu" else cuda_device_count()
 
 
 def resolve_launch(cfg: RunConfig, cuda_devices: int) -> LaunchSpec:
@@ -121,7 +132,8 @@ def resolve_launch(cfg: RunConfig, cuda_devices: int) -> LaunchSpec:
             local_nodes = (node_rank,)
     return LaunchSpec(device_type=device_type, dist_backend=backend, world_size=ranks * hw.nodes,
                       ranks_per_node=ranks, nodes=hw.nodes, capacity_bytes=capacity,
-                      collective_timeout_s=launcher.watchdog_s, rdzv_endpoint=launcher.rdzv_endpoint,
+                      collective_timeout_s=COLLECTIVE_TIMEOUT_FACTOR * launcher.watchdog_s,
+                      rdzv_endpoint=launcher.rdzv_endpoint,
                       local_node_ranks=local_nodes)
 
 

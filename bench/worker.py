@@ -74,8 +74,10 @@ def train(cfg, launch: LaunchSpec, run_dir: Path, rank: int, device: torch.devic
     recorder.finish_steps()
 
 
-def hang_forever() -> None:
-    """Fault drill (MEMBENCH_FAULT_HANG_RANK=<rank>): stop making progress, as a stuck rank would."""
+def hang_once(recorder, resume) -> None:
+    """Fault drill (MEMBENCH_FAULT_HANG_RANK=<rank>): stop making progress, as a stuck rank would, until a
+    signal ends the wait; the failure path then runs normally (it must not hang again)."""
+    recorder.heartbeat = resume
     while True:
         time.sleep(3600)
 
@@ -122,8 +124,9 @@ def main(argv=None) -> int:
     timeline = timeline_file(args.run_dir, rank) if cfg.record.timeline else None
     recorder = make_recorder(cfg, launch, rank, device, timeline, args.run_dir)
     recorder.heartbeat = lambda: heartbeat(args.run_dir, rank)
-    if os.environ.get("MEMBENCH_FAULT_HANG_RANK") == str(rank):
-        recorder.heartbeat = hang_forever  # fault drill: this rank stops making progress
+    if os.environ.get("MEMBENCH_FAULT_HANG_RANK") == str(rank):  # fault drill: this rank stops making progress
+        resume = recorder.heartbeat
+        recorder.heartbeat = lambda: hang_once(recorder, resume)
     try:
         recorder.start()
         train(cfg, launch, args.run_dir, rank, device, recorder)
@@ -148,7 +151,11 @@ def main(argv=None) -> int:
     write_result(args.run_dir, recorder, "ok")
     dist.barrier()
     dist.destroy_process_group()
-    return EXIT_OK
+    # Everything is written and the group is gone: skip the interpreter's teardown of torch (about half a
+    # second per rank, on every run)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_OK)
 
 
 if __name__ == "__main__":

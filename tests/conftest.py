@@ -1,4 +1,5 @@
-"""Shared helpers: run the real CLI in a subprocess against a temporary results directory."""
+"""Shared helpers: run the real CLI in a subprocess against a temporary results directory, or launch a run
+from this process (no CLI start-up: Hydra, torch and torchrec are imported once per test session)."""
 from __future__ import annotations
 
 import json
@@ -49,3 +50,17 @@ def cli(tmp_path):
         calls.append(None)
         return run_cli(tmp_path / f"runs{len(calls)}", *args, timeout=timeout)
     return _run
+
+
+def pytest_configure(config):
+    # registered here too, so `-m "not slow"` is understood even when pytest misses the project's ini file
+    config.addinivalue_line("markers", "slow: launches torchrun (seconds each)")
+
+
+def run_here(run_dir: Path, *overrides: str) -> dict:
+    """Compose, validate and launch one run from the test process, as `membench run OVERRIDES` would;
+    returns its summary.json."""
+    from bench.suite import run_overrides
+
+    run_overrides(list(overrides), run_dir, run_dir.name)
+    return json.loads((run_dir / "summary.json").read_text())

@@ -1,5 +1,12 @@
-"""Proof that the regression harness catches regressions: plant one, run the plugin (pytester), and
-check that it fails with the right message; plus the baseline comparison logic on its own."""
+"""The regression gate cannot pass by accident.
+
+A small project of its own (pytester: its pyproject's `membench_suite`, its suite file, its baselines
+folder; membench used as the installed plugin) is checked the ways a user starts pytest: `--baseline-dir
+DIR` (a value after a space, which makes pytest take DIR as its rootdir), `--baseline-dir=DIR`, from
+another folder (`pytest /path/to/project/tests`), and from its root with no option at all. Each runs
+every entry of the suite, and each catches the planted regression (one baseline made 20% tighter). Then
+the planted regressions of each kind (peak growth, ok -> oom, imbalance) and the comparison logic alone.
+"""
 from __future__ import annotations
 
 import json
@@ -10,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.baseline import BaselineError, compare, describe_update, format_rows, load_baseline, make_baseline
-from bench.results import JobStats, RankResult, RunSummary
+from bench.baseline import (BaselineError, compare, describe_update, format_comparison, format_rows, load_baseline,
+                            make_baseline, moved_most, version_changes)
+from bench.plugin_settings import resolve_settings
+from bench.results import CATEGORIES, JobStats, RankResult, RunSummary
 from bench.suite import SuiteEntry, SuiteError, load_suite
 
 pytest_plugins = ["pytester"]
@@ -20,96 +29,199 @@ TEST_FILE = """
 def test_memory(membench_entry, membench_check):
     membench_check(membench_entry)
 """
-BASE = ["workload=tiny", "sharding=table_wise", "workload.steps=2", "workload.num_tables=4"]
+# Cheap entries (plain-PyTorch backend: no torchrec import, one step) for the invocation tests
+CHEAP = ["workload=tiny", "model=native", "workload.num_tables=2", "workload.warmup_steps=0", "workload.steps=1"]
+ENTRIES = {"fits": CHEAP, "tight": [*CHEAP, "workload.batch_size=256"]}
 
 
-def write_suite(directory: Path, overrides, name="planted") -> Path:
-    suite = directory / "suite.yaml"
-    suite.write_text(json.dumps({"name": "t", "hardware": "cpu", "rtol": 0.0,
-                                 "entries": [{"name": name, "overrides": list(overrides)}]}))
-    return suite
+def suite_yaml(entries) -> str:
+    return json.dumps({"name": "t", "hardware": "cpu", "rtol": 0.0,
+                       "entries": [{"name": name, "overrides": list(overrides)} for name, overrides in entries.items()]})
 
 
-def inner_args(directory: Path, suite: Path, *extra: str):
-    return ["-p", "no:cacheprovider", f"--membench-suite={suite}", f"--baseline-dir={directory / 'baselines'}",
-            f"--membench-results-dir={directory / 'runs'}", *extra]
+def make_project(root: Path, entries, *, suite_setting: bool = True) -> Path:
+    """A project that uses membench as a plugin: its own ini, suite file, baselines and runs folders."""
+    (root / "tests").mkdir(parents=True, exist_ok=True)
+    (root / "tests" / "test_mem.py").write_text(TEST_FILE)
+    (root / "mem").mkdir(exist_ok=True)
+    (root / "mem" / "suite.yaml").write_text(suite_yaml(entries))
+    ini = ['[tool.pytest.ini_options]', 'addopts = "-p no:cacheprovider"']
+    if suite_setting:
+        ini += ['membench_suite = "mem/suite.yaml"', 'membench_baseline_dir = "mem/baselines"',
+                'membench_results_dir = "mem/runs"']
+    (root / "pyproject.toml").write_text("\n".join(ini) + "\n")
+    return root
 
 
-def make_baseline_dir(directory: Path, overrides) -> Path:
-    """A baseline recorded by the plugin itself (--update-baselines), in a fresh directory."""
-    directory.mkdir(parents=True)
-    (directory / "test_mem.py").write_text(TEST_FILE)
-    suite = write_suite(directory, overrides)
-    proc = subprocess.run([sys.executable, "-m", "pytest", *inner_args(directory, suite, "--update-baselines")],
-                          cwd=directory, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "updated baseline: planted: new baseline (status ok)" in proc.stdout
-    return directory / "baselines"
+def inner_pytest(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def outcomes(output: str) -> dict:
+    """{'passed': n, 'failed': n, ...} from pytest's last line."""
+    last = [line for line in output.splitlines() if line.strip()][-1]
+    counts = {}
+    for part in last.strip("= ").split(" in ")[0].split(", "):
+        number, _, word = part.partition(" ")
+        if number.isdigit() and word in ("passed", "failed", "skipped", "error", "errors", "deselected"):
+            counts[word] = int(number)
+    return counts
 
 
 @pytest.fixture(scope="module")
-def tiny_baseline(tmp_path_factory) -> Path:
-    return make_baseline_dir(tmp_path_factory.mktemp("harness") / "base", BASE)
+def recorded(tmp_path_factory):
+    """Baselines and runs of ENTRIES, recorded by the plugin itself (--update-baselines)."""
+    root = make_project(tmp_path_factory.mktemp("recorded"), ENTRIES)
+    proc = inner_pytest(root, "--update-baselines")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ENTRIES:
+        assert f"updated baseline: {name}: new baseline (status ok)" in proc.stdout
+    (runs,) = (root / "mem" / "runs").glob("suite-*")
+    return {"baselines": root / "mem" / "baselines", "runs": runs}
 
 
-def run_planted(pytester, baselines: Path, overrides):
-    shutil.copytree(baselines, pytester.path / "baselines")
-    pytester.makepyfile(test_mem=TEST_FILE)
-    suite = write_suite(pytester.path, overrides)
-    return pytester.runpytest_subprocess(*inner_args(pytester.path, suite), timeout=300)
+def planted_baselines(recorded, target: Path, *, other_torch: bool = False) -> Path:
+    """The recorded baselines with `tight` made 20% tighter (its largest category shrunk by the same bytes,
+    which the failure table must then name as the category that moved most)."""
+    shutil.copytree(recorded["baselines"], target, dirs_exist_ok=True)
+    path = target / "cpu" / "tight.json"
+    baseline = json.loads(path.read_text())
+    for rank in baseline["per_rank"]:
+        cut = rank["peak_bytes"] - int(rank["peak_bytes"] * 0.8)
+        rank["peak_bytes"] -= cut
+        rank["utilization"] *= 0.8
+        largest = max(rank["breakdown"], key=rank["breakdown"].get)
+        rank["breakdown"][largest] -= cut
+    if other_torch:
+        baseline["environment"]["torch"] = "2.0.0"
+    path.write_text(json.dumps(baseline))
+    return target
 
 
-# -- planted regressions -------------------------------------------------------------------------
+def assert_caught(proc: subprocess.CompletedProcess) -> str:
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    assert outcomes(proc.stdout) == {"passed": 1, "failed": 1}, output
+    assert "test_memory[fits] PASSED" in output and "test_memory[tight] FAILED" in output
+    failing = [line for line in output.splitlines() if line.startswith("tight ") and "peak_bytes" in line]
+    assert len(failing) == 2 and all(line.rstrip().endswith("FAIL") for line in failing), output
+    assert all("+25.00%" in line for line in failing), output  # now / (0.8 x now) - 1
+    for line in failing:  # the shrunk category moved by the whole difference
+        _, _, _, base, now, delta, _, _, category, category_delta, _ = line.split()
+        assert category_delta == delta == f"+{int(now.replace(',', '')) - int(base.replace(',', '')):,}", line
+        assert category in CATEGORIES, line
+    return output
+
+
+# -- each way of starting pytest runs every entry and catches the planted regression -----------------------
 @pytest.mark.slow
-def test_unchanged_run_passes_with_zero_tolerance(pytester, tiny_baseline):
-    result = run_planted(pytester, tiny_baseline, BASE)
-    result.assert_outcomes(passed=1)
+def test_baseline_dir_after_a_space(pytester, recorded, tmp_path):
+    make_project(pytester.path, ENTRIES)
+    baselines = planted_baselines(recorded, tmp_path / "elsewhere" / "baselines")
+    proc = inner_pytest(pytester.path, "-v", "-m", "membench", "--baseline-dir", str(baselines),
+                        f"--membench-from-runs={recorded['runs']}")
+    assert_caught(proc)
 
 
 @pytest.mark.slow
-def test_larger_batch_fails_on_peak_growth(pytester, tiny_baseline):
-    result = run_planted(pytester, tiny_baseline, [*BASE, "workload.batch_size=2048"])
-    result.assert_outcomes(failed=1)
-    output = result.stdout.str()
-    assert "workload  rank  metric" in output  # the failure table
-    assert any(line.startswith("planted   0     peak_bytes") for line in output.splitlines()), output
-    assert "another definition of this entry" in output
+def test_baseline_dir_with_equals_and_other_library_versions(pytester, recorded, tmp_path):
+    make_project(pytester.path, ENTRIES)
+    baselines = planted_baselines(recorded, tmp_path / "baselines", other_torch=True)
+    proc = inner_pytest(pytester.path, "-v", "-m", "membench", f"--baseline-dir={baselines}",
+                        f"--membench-from-runs={recorded['runs']}")
+    output = assert_caught(proc)
+    assert "versions differ from the baseline's: torch 2.0.0 -> " in output
 
 
 @pytest.mark.slow
-def test_lower_capacity_turns_ok_into_oom(pytester, tiny_baseline):
-    result = run_planted(pytester, tiny_baseline, [*BASE, "hardware.capacity_gib=0.005"])
-    result.assert_outcomes(failed=1)
-    output = result.stdout.str()
-    assert "planted: status ok -> oom at rank" in output
-
+def test_started_from_another_folder_launches_into_the_projects_results(pytester, recorded, tmp_path):
+    project = make_project(pytester.path, ENTRIES)
+    planted_baselines(recorded, project / "mem" / "baselines")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = inner_pytest(elsewhere, "-v", str(project / "tests"), "-m", "membench")  # no --membench-from-runs: real runs
+    assert_caught(proc)
+    (session,) = (project / "mem" / "runs").glob("suite-*")
+    assert sorted(p.name for p in session.iterdir()) == ["fits", "tight"]
+    assert all((session / name / "summary.json").is_file() for name in ENTRIES)
+    assert list(elsewhere.iterdir()) == []  # nothing written relative to where pytest was started
 
 
 @pytest.mark.slow
-def test_sharding_change_that_worsens_imbalance(pytester, tmp_path):
-    one_table = ["workload=tiny", "workload.num_tables=1", "workload.rows=100000", "workload.steps=2"]
-    baselines = make_baseline_dir(tmp_path / "dp", [*one_table, "sharding=data_parallel"])  # replicated: balanced
-    result = run_planted(pytester, baselines, [*one_table, "sharding=table_wise"])
-    result.assert_outcomes(failed=1)
-    assert any(line.startswith("planted   job   imbalance") for line in result.stdout.lines), result.stdout.str()
+def test_other_project_with_its_own_settings_and_no_options(pytester, recorded):
+    project = make_project(pytester.path, ENTRIES)
+    planted_baselines(recorded, project / "mem" / "baselines")
+    assert_caught(inner_pytest(project, "-v", f"--membench-from-runs={recorded['runs']}"))
 
 
-def test_corrupt_baseline_fails_in_one_line_without_running(pytester, tmp_path):
-    baselines = tmp_path / "b"
-    (baselines / "cpu").mkdir(parents=True)
-    (baselines / "cpu" / "planted.json").write_text("{ not json")
-    result = run_planted(pytester, baselines, BASE)
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*corrupt baseline*planted.json (not valid JSON*regenerate with: pytest -m membench "
-                                 "--update-baselines*"])
-    assert not (pytester.path / "runs").exists()  # nothing was launched
+def test_no_suite_configured_fails_in_one_line_and_never_skips(pytester):
+    make_project(pytester.path, ENTRIES, suite_setting=False)
+    proc = inner_pytest(pytester.path, "-m", "membench")
+    assert proc.returncode == 1, proc.stdout
+    assert outcomes(proc.stdout) == {"failed": 1}, proc.stdout
+    lines = [line for line in proc.stdout.splitlines() if "no membench suite configured" in line]
+    assert lines and "membench_suite" in lines[0] and "--membench-suite" in lines[0]
+    assert "skipped" not in proc.stdout
 
 
-def test_missing_baseline_says_how_to_create_it(pytester, tmp_path):
-    (tmp_path / "empty").mkdir()
-    result = run_planted(pytester, tmp_path / "empty", BASE)
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*no baseline for planted at*regenerate with*--update-baselines*"])
+def test_from_runs_refuses_missing_and_foreign_runs(pytester, tmp_path):
+    make_project(pytester.path, {"fits": CHEAP})
+    (tmp_path / "runs" / "fits").mkdir(parents=True)
+    proc = inner_pytest(pytester.path, f"--membench-from-runs={tmp_path / 'runs'}", "--baseline-dir=b",
+                        "--update-baselines")
+    assert proc.returncode == 1 and "fits: no finished run at" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_from_runs_refuses_a_run_of_another_definition(pytester, recorded):
+    make_project(pytester.path, {"fits": [*CHEAP, "workload.batch_size=1024"]})
+    proc = inner_pytest(pytester.path, f"--membench-from-runs={recorded['runs']}", "--update-baselines")
+    assert proc.returncode == 1, proc.stdout
+    assert "fits: the run at" in proc.stdout and "another definition of this entry" in proc.stdout
+
+
+# -- planted regressions of each kind, one session ------------------------------------------------------------
+@pytest.mark.slow
+def test_planted_regressions_each_fail_with_their_reason(pytester, recorded):
+    # each entry is checked against the baseline of `fits` (two equal tables, one per rank: balanced)
+    planted = {"larger_batch": [*CHEAP, "workload.batch_size=2048"],
+               "lower_capacity": [*CHEAP, "hardware.capacity_gib=0.0005"],
+               "one_big_table": [*CHEAP, "workload.rows_list=[40000,1000]"]}
+    project = make_project(pytester.path, planted)
+    baselines = project / "mem" / "baselines" / "cpu"
+    baselines.mkdir(parents=True)
+    baseline = json.loads((recorded["baselines"] / "cpu" / "fits.json").read_text())
+    for name in planted:
+        (baselines / f"{name}.json").write_text(json.dumps({**baseline, "name": name}))
+    proc = inner_pytest(project, "-v")
+    output = proc.stdout
+    assert outcomes(output) == {"failed": 3}, output
+    rows = output.splitlines()
+    assert any(line.startswith("larger_batch ") and "peak_bytes" in line and "activations +" in line
+               and line.rstrip().endswith("FAIL") for line in rows), output
+    assert "larger_batch: baseline was recorded for another definition of this entry" in output
+    assert "lower_capacity: status ok -> oom at rank" in output
+    assert any(line.startswith("one_big_table ") and "imbalance" in line and line.rstrip().endswith("FAIL")
+               for line in rows), output
+
+
+def test_corrupt_baseline_fails_in_one_line_without_running(pytester):
+    project = make_project(pytester.path, {"planted": CHEAP})
+    (project / "mem" / "baselines" / "cpu").mkdir(parents=True)
+    (project / "mem" / "baselines" / "cpu" / "planted.json").write_text("{ not json")
+    proc = inner_pytest(project)
+    assert outcomes(proc.stdout) == {"failed": 1}, proc.stdout
+    assert "corrupt baseline" in proc.stdout and "planted.json (not valid JSON" in proc.stdout
+    assert "regenerate with: pytest -m membench --update-baselines" in proc.stdout
+    assert not (project / "mem" / "runs").exists()  # nothing was launched
+
+
+def test_missing_baseline_says_how_to_create_it(pytester):
+    project = make_project(pytester.path, {"planted": CHEAP})
+    proc = inner_pytest(project)
+    assert outcomes(proc.stdout) == {"failed": 1}, proc.stdout
+    assert "no baseline for planted at" in proc.stdout and "--update-baselines" in proc.stdout
 
 
 def test_bad_suite_file_is_a_usage_error(pytester):
@@ -120,35 +232,108 @@ def test_bad_suite_file_is_a_usage_error(pytester):
     result.stderr.fnmatch_lines(["*entries[[]0[]]: each entry needs a `name`*"])
 
 
-# -- comparison logic without launching ----------------------------------------------------------
+def test_bad_suite_file_from_the_ini_is_a_one_line_collection_error(pytester):
+    project = make_project(pytester.path, {"fits": CHEAP})
+    (project / "mem" / "suite.yaml").write_text("name: x\nhardware: cpu\nentries: []\n")
+    proc = inner_pytest(project)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, proc.stdout
+    assert "`entries` is empty (suite from membench_suite in" in proc.stdout
+
+
+# -- where the settings come from -------------------------------------------------------------------------------
+def test_settings_follow_the_test_files_ini_not_pytests_rootdir(tmp_path):
+    project = make_project(tmp_path / "project", ENTRIES)
+    test_file = project / "tests" / "test_mem.py"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    no_cli = {"membench_suite": None, "baseline_dir": None, "membench_results_dir": None}
+    settings = resolve_settings(no_cli, elsewhere, test_file)
+    assert settings.suite_path == project / "mem" / "suite.yaml"
+    assert settings.baseline_dir == project / "mem" / "baselines"
+    assert settings.results_dir == project / "mem" / "runs"
+    assert settings.ini_path == project / "pyproject.toml"
+    cli = {**no_cli, "baseline_dir": "b", "membench_suite": "s.yaml"}
+    settings = resolve_settings(cli, elsewhere, test_file)
+    assert settings.baseline_dir == elsewhere / "b" and settings.suite_path == elsewhere / "s.yaml"
+    assert settings.suite_source == "--membench-suite"
+    # pytest's own reading of the same file wins (it carries -o overrides)
+    settings = resolve_settings(no_cli, elsewhere, test_file, project / "pyproject.toml",
+                                {"membench_suite": "other.yaml"})
+    assert settings.suite_path == project / "other.yaml"
+
+
+def test_settings_defaults_without_any_ini(tmp_path):
+    (tmp_path / "t").mkdir()
+    settings = resolve_settings({}, tmp_path, tmp_path / "t" / "test_x.py")
+    assert settings.suite_path is None and settings.baseline_dir == tmp_path / "results" / "baselines"
+
+
+def test_repo_runs_its_own_suite_whatever_the_rootdir():
+    """This repository's gate: the suite comes from pyproject.toml's `membench_suite`, not from addopts."""
+    root = Path(__file__).resolve().parent.parent
+    settings = resolve_settings({}, Path("/"), root / "tests" / "test_memory_regression.py")
+    assert settings.suite_path == root / "conf" / "suite" / "ci_cpu.yaml"
+    assert settings.baseline_dir == root / "results" / "baselines"
+    assert "--membench-suite" not in (root / "pyproject.toml").read_text()
+
+
+# -- comparison logic without launching ----------------------------------------------------------------------
 ENTRY = SuiteEntry(name="w", hardware="cpu", overrides=["workload=tiny"])
 
 
-def summary(status="ok", peaks=(100, 100), capacity=1000, oom_rank=None, imbalance=1.0) -> RunSummary:
+def summary(status="ok", peaks=(100, 100), capacity=1000, oom_rank=None, imbalance=1.0, breakdowns=None,
+            versions=None) -> RunSummary:
     ranks = []
     for rank, peak in enumerate(peaks):
         oom = {"rank": rank, "step": 2, "phase": "backward", "requested_bytes": 10, "message": "m"} \
             if rank == oom_rank else None
+        breakdown = breakdowns[rank] if breakdowns else {"activations": peak}
         ranks.append(RankResult(rank=rank, status="oom" if oom else "ok", device="cpu", capacity_bytes=capacity,
-                                peak_bytes=peak, utilization=peak / capacity, oom=oom))
+                                peak_bytes=peak, utilization=peak / capacity, oom=oom, breakdown=breakdown))
     return RunSummary(run_id="r", status=status, mode="train", workload="tiny", hardware="cpu",
                       world_size=len(peaks), device_type="cpu", device_name="cpu", model_backend="torchrec",
-                      config_hash="h", versions={}, started_at="", wall_s=0.0, exit_code=0, per_rank=ranks,
-                      job=JobStats(imbalance=imbalance))
+                      config_hash="h", versions=versions or {"torch": "2.13.0"}, started_at="", wall_s=0.0,
+                      exit_code=0, per_rank=ranks, job=JobStats(imbalance=imbalance))
+
+
+def failed(result):
+    return [(row.rank, row.metric) for row in result.failed_rows]
 
 
 def test_within_tolerance_passes_and_beyond_fails():
     baseline = make_baseline(ENTRY, summary(peaks=(100, 100)), rtol=0.05)
     assert compare(ENTRY, baseline, summary(peaks=(104, 100))).ok
     result = compare(ENTRY, baseline, summary(peaks=(106, 100)))
-    assert [(r.rank, r.metric) for r in result.rows] == [("0", "peak_bytes")]
-    assert "+6.00%" in format_rows(result.rows)
+    assert failed(result) == [("0", "peak_bytes")]
+    table = format_rows(result.rows)
+    assert "+6.00%" in table and "+6" in table
+    # every rank is in the table, the failing one marked
+    assert [(row.rank, row.failed) for row in result.rows] == [("0", True), ("1", False)]
+
+
+def test_table_names_the_category_that_moved_most():
+    base = summary(peaks=(1000,), breakdowns=[{"activations": 600, "comm_buffers": 400}])
+    now = summary(peaks=(1300,), breakdowns=[{"activations": 650, "comm_buffers": 650}])
+    result = compare(ENTRY, make_baseline(ENTRY, base, rtol=0.0), now)
+    (row,) = result.rows
+    assert (row.delta, row.delta_pct, row.moved_most) == ("+300", "+30.00%", "comm_buffers +250")
+    assert moved_most(None, {"activations": 1}) == "n/a (baseline has no breakdown)"
+    assert moved_most({"a": 5}, {"a": 5}) == ""
+
+
+def test_version_changes_are_named():
+    assert version_changes({"torch": "2.13.0", "fbgemm-gpu-cpu": "1.8.0"},
+                           {"torch": "2.14.1", "fbgemm-gpu": "1.8.0"}) == [
+        "torch 2.13.0 -> 2.14.1", "fbgemm-gpu (absent) -> 1.8.0", "fbgemm-gpu-cpu 1.8.0 -> (absent)"]
+    baseline = make_baseline(ENTRY, summary(peaks=(100, 100)), rtol=0.0)
+    result = compare(ENTRY, baseline, summary(peaks=(120, 100), versions={"torch": "2.14.1"}))
+    assert "versions differ from the baseline's: torch 2.13.0 -> 2.14.1" in format_comparison(result)
 
 
 def test_utilization_drop_is_an_under_utilization_regression():
     baseline = make_baseline(ENTRY, summary(peaks=(500, 500)), rtol=0.0)
     result = compare(ENTRY, baseline, summary(peaks=(500, 400)))
-    assert [(r.rank, r.metric) for r in result.rows] == [("1", "utilization")]
+    assert failed(result) == [("1", "utilization")]
     assert any("peak shrank" in note for note in result.notes)
 
 
@@ -169,7 +354,7 @@ def test_expected_oom_that_moves_fails():
     baseline = make_baseline(ENTRY, summary(status="oom", oom_rank=1), rtol=0.0)
     assert compare(ENTRY, baseline, summary(status="oom", oom_rank=1)).ok
     moved = compare(ENTRY, baseline, summary(status="oom", oom_rank=0))
-    assert [r.metric for r in moved.rows] == ["oom site"]
+    assert [r.metric for r in moved.failed_rows] == ["oom site"]
 
 
 def test_rtol_override_and_update_description():
@@ -178,6 +363,18 @@ def test_rtol_override_and_update_description():
     new = make_baseline(ENTRY, summary(peaks=(120, 100)), rtol=0.0)
     assert describe_update(baseline, new) == "w: rank 0 peak 100 -> 120 (+20.00%)"
     assert describe_update(baseline, baseline) == "w: unchanged"
+
+
+def test_version_1_baselines_without_breakdown_are_still_read(tmp_path):
+    old = make_baseline(ENTRY, summary(peaks=(100, 100)), rtol=0.0)
+    old["schema_version"] = 1
+    for rank in old["per_rank"]:
+        del rank["breakdown"]
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(old))
+    result = compare(ENTRY, load_baseline(path, ENTRY), summary(peaks=(110, 100)))
+    assert failed(result) == [("0", "peak_bytes")]
+    assert result.rows[0].moved_most == "n/a (baseline has no breakdown)"
 
 
 def test_baseline_schema_and_suite_errors_are_one_line(tmp_path):
@@ -236,4 +433,4 @@ def test_estimate_error_growth_fails_beyond_one_point():
     measured.estimate = {"error_pct": [1.9, -1.0]}
     assert compare(ENTRY, baseline, measured).ok
     measured.estimate = {"error_pct": [2.5, -1.0]}
-    assert [r.metric for r in compare(ENTRY, baseline, measured).rows] == ["estimate |error| %"]
+    assert [r.metric for r in compare(ENTRY, baseline, measured).failed_rows] == ["estimate |error| %"]

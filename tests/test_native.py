@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_here
 
 # a table large enough that its gradient, not the activations, makes the peak
 ROWS, DIM = 200_000, 32
@@ -21,10 +21,9 @@ ONE_TABLE = ["hardware=cpu", "workload.num_tables=1", f"workload.rows={ROWS}", f
 
 @pytest.mark.slow
 def test_native_end_to_end_is_deterministic_and_adds_up(cli):
-    runs = [cli("hardware=cpu", "model=native", "workload.steps=2") for _ in range(2)]
-    for run in runs:
-        assert run.returncode == 0, run.output
-    first, second = (run.only_summary() for run in runs)
+    run = cli("-m", "hardware=cpu", "model=native", "workload.steps=2", "workload.seed=0,0")  # twice, one sweep
+    assert run.returncode == 0, run.output
+    first, second = run.summaries()
     assert first["model_backend"] == "native" and first["status"] == "ok"
     for mine, theirs in zip(first["per_rank"], second["per_rank"]):
         assert sum(mine["breakdown"].values()) == mine["peak_bytes"]
@@ -34,26 +33,24 @@ def test_native_end_to_end_is_deterministic_and_adds_up(cli):
 
 
 @pytest.mark.slow
-def test_native_materializes_embedding_gradients_torchrec_does_not(cli):
-    native = cli(*ONE_TABLE, "model=native", "sharding=table_wise")
-    torchrec = cli(*ONE_TABLE, "model=torchrec", "sharding=table_wise")
-    assert native.returncode == 0, native.output
-    assert torchrec.returncode == 0, torchrec.output
-    native_summary, torchrec_summary = native.only_summary(), torchrec.only_summary()
-    (owner,) = native_summary["sharding_plan"][0]["ranks"]
-    rank = next(r for r in native_summary["per_rank"] if r["rank"] == owner)
+def test_native_materializes_embedding_gradients_torchrec_does_not(tmp_path):
+    native = run_here(tmp_path / "native", *ONE_TABLE, "model=native", "sharding=table_wise")
+    torchrec = run_here(tmp_path / "torchrec", *ONE_TABLE, "model=torchrec", "sharding=table_wise")
+    assert native["status"] == "ok", native["error"]
+    assert torchrec["status"] == "ok", torchrec["error"]
+    (owner,) = native["sharding_plan"][0]["ranks"]
+    rank = next(r for r in native["per_rank"] if r["rank"] == owner)
     assert rank["breakdown"]["embedding_weights"] == ROWS * DIM * 4
     assert rank["breakdown"]["embedding_grads"] == ROWS * DIM * 4  # a dense gradient of the whole table
     assert rank["peak_phase"] in ("backward", "optimizer")
-    assert all(r["breakdown"]["embedding_grads"] == 0 for r in torchrec_summary["per_rank"])
+    assert all(r["breakdown"]["embedding_grads"] == 0 for r in torchrec["per_rank"])
 
 
 @pytest.mark.slow
-def test_native_oom_is_recorded(cli):
-    run = cli("hardware=cpu", "model=native", "workload.steps=2", "hardware.capacity_gib=0.005")
-    assert run.returncode == 3, run.output
-    summary = run.only_summary()
-    assert summary["status"] == "oom" and summary["oom_ranks"]
+def test_native_oom_is_recorded(tmp_path):
+    summary = run_here(tmp_path / "run", "hardware=cpu", "model=native", "workload.steps=2",
+                       "hardware.capacity_gib=0.005")
+    assert summary["status"] == "oom" and summary["exit_code"] == 3 and summary["oom_ranks"]
     oom = next(r["oom"] for r in summary["per_rank"] if r["oom"])
     assert oom["requested_bytes"] > 0 and oom["phase"]
 

@@ -165,8 +165,9 @@ class MemoryRecorder:
             self.step_times_s.append(time.perf_counter() - self._step_started)
             self._step_started = None
 
-    def _end_phase(self) -> None:
-        self.heartbeat()
+    def _end_phase(self, progress: bool = True) -> None:
+        if progress:
+            self.heartbeat()
         sample = self._sample()
         if sample.device_used_bytes is not None:
             self.peak_device_used_bytes = max(self.peak_device_used_bytes or 0, sample.device_used_bytes)
@@ -175,8 +176,9 @@ class MemoryRecorder:
                              sample.device_used_bytes])
 
     def record_failure_row(self) -> None:
-        """A last timeline row for the phase that failed (OOM), with what was live then."""
-        self._end_phase()
+        """A last timeline row for the phase that failed (OOM), with what was live then; not progress, so
+        the launcher's watchdog does not count it as such."""
+        self._end_phase(progress=False)
 
     # -- result ----------------------------------------------------------------------------------
     def result(self, status: str) -> RankResult:
