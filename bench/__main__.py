@@ -1,3 +1,3 @@
-from bench.cli import main
+from bench.apps.cli import main
 
 main()

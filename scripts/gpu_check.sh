@@ -15,7 +15,7 @@ if [[ "${1:-}" == "--dry-run" ]]; then
   shift
   bash "$repo_root/scripts/install.sh" >/dev/null
   python_bin="${MEMBENCH_VENV:-$repo_root/.venv}/bin/python"
-  exec env PYTHONPATH="$repo_root" timeout 300 "$python_bin" -m bench.gpu_selfcheck --dry-run \
+  exec env PYTHONPATH="$repo_root" timeout 300 "$python_bin" -m bench.apps.gpu_check --dry-run \
     --width 512 --batch 256 --steps 6 "$@"
 fi
 if ! "$python_bin" -c "import pynvml" 2>/dev/null; then
@@ -27,4 +27,4 @@ if ! "$python_bin" -c "import pynvml" 2>/dev/null; then
 fi
 "$python_bin" -c "import torch; print(f'[gpu_check] torch {torch.__version__}, cuda {torch.version.cuda}, ' \
   f'{torch.cuda.device_count()} GPU(s)')"
-exec env PYTHONPATH="$repo_root" timeout 300 "$python_bin" -m bench.gpu_selfcheck "$@"
+exec env PYTHONPATH="$repo_root" timeout 300 "$python_bin" -m bench.apps.gpu_check "$@"

@@ -60,7 +60,7 @@ def pytest_configure(config):
 def run_here(run_dir: Path, *overrides: str) -> dict:
     """Compose, validate and launch one run from the test process, as `membench run OVERRIDES` would;
     returns its summary.json."""
-    from bench.suite import run_overrides
+    from bench.run.execute import run_overrides
 
     run_overrides(list(overrides), run_dir, run_dir.name)
     return json.loads((run_dir / "summary.json").read_text())

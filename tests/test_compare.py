@@ -6,8 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.compare_app import main
-from bench.results import JobStats, RankResult, RunSummary, atomic_write_json, write_summary
+from bench.apps.compare import main
+from bench.results.schema import JobStats, RankResult, RunSummary
+from bench.results.store import atomic_write_json, write_summary
 
 from conftest import REPO_ROOT
 

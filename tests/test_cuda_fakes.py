@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from bench.memory import cuda_stats, snapshot
-from bench.memory.cuda_stats import CudaAllocatorStats, parse_memory_stats
-from bench.memory.nvml import NvmlSample, NvmlSampler
-from bench.memory.oom import OomEvent, format_emulated_oom, parse_requested_bytes
+from bench.run.memory import cuda_stats, snapshot
+from bench.run.memory.cuda_stats import CudaAllocatorStats, parse_memory_stats
+from bench.run.memory.nvml import NvmlSample, NvmlSampler
+from bench.accounting.oom import OomEvent, format_emulated_oom, parse_requested_bytes
 
 GiB = 1 << 30
 MiB = 1 << 20

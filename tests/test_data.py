@@ -1,4 +1,4 @@
-"""Unit tests of the seeded synthetic input stream (workloads/data.py)."""
+"""Unit tests of the seeded synthetic input stream (workloads/data.py, workloads/ids.py)."""
 from __future__ import annotations
 
 import math
@@ -8,13 +8,10 @@ import pytest
 import torch
 
 from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
-from workloads.data import (
-    Batch,
-    SyntheticBatches,
-    batch_rng,
-    draw_pooling,
-    draw_virtual_ids,
+from workloads.data import Batch, SyntheticBatches, batch_rng, draw_pooling
+from workloads.ids import (
     ZIPF_EXACT_HEAD,
+    draw_virtual_ids,
     draw_zipf_ranks,
     mulmod,
     splitmix64,
@@ -22,7 +19,7 @@ from workloads.data import (
     zipf_multiplier,
     zipf_rank_to_id,
 )
-from workloads.tables import build_spec
+from workloads.spec import build_spec
 
 FIELDS = ("dense_features", "lengths", "values", "labels")
 

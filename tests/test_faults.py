@@ -68,7 +68,7 @@ def live_processes(results_dir: Path) -> list:
 def end_leftovers(results_dir: Path) -> None:
     import psutil
 
-    from bench.reaper import end_processes
+    from bench.run.reaper import end_processes
 
     procs = []
     for line in live_processes(results_dir):

@@ -26,6 +26,6 @@ def test_gpu_check_without_cuda_fails_clearly():
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    from bench.gpu_selfcheck import main
+    from bench.apps.gpu_check import main
 
     assert main(["--steps", "1"]) == 1

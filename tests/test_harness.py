@@ -17,11 +17,20 @@ from pathlib import Path
 
 import pytest
 
-from bench.baseline import (BaselineError, compare, describe_update, format_comparison, format_rows, load_baseline,
-                            make_baseline, moved_most, version_changes)
-from bench.plugin_settings import resolve_settings
-from bench.results import CATEGORIES, JobStats, RankResult, RunSummary
-from bench.suite import SuiteEntry, SuiteError, load_suite
+from bench.harness.baseline import (
+    BaselineError,
+    compare,
+    describe_update,
+    format_comparison,
+    format_rows,
+    load_baseline,
+    make_baseline,
+    moved_most,
+    version_changes,
+)
+from bench.harness.settings import resolve_settings
+from bench.results.schema import CATEGORIES, JobStats, RankResult, RunSummary
+from bench.harness.suite import SuiteEntry, SuiteError, load_suite
 
 pytest_plugins = ["pytester"]
 

@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from bench.memory.live_tensors import LiveTensorTracker
+from bench.accounting.live_tensors import LiveTensorTracker
 
 CPU = torch.device("cpu")
 

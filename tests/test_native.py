@@ -72,8 +72,8 @@ def test_native_path_never_imports_torchrec(tmp_path):
         sys.meta_path.insert(0, Block())
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
         from pathlib import Path
-        from bench.config import RunConfig
-        from bench.runspec import resolve_launch, validate_run, write_run_config
+        from bench.run.config import RunConfig
+        from bench.run.launchspec import resolve_launch, validate_run, write_run_config
         cfg = RunConfig()
         cfg.hardware.device, cfg.hardware.ranks_per_node, cfg.model.backend = "cpu", 1, "native"
         cfg.workload.steps = 1
@@ -81,7 +81,7 @@ def test_native_path_never_imports_torchrec(tmp_path):
         validate_run(cfg, launch)
         run_dir = Path({str(tmp_path)!r})
         write_run_config(run_dir, cfg, launch)
-        from bench import worker
+        from bench.run import worker
         sys.exit(worker.main(["--run-dir", str(run_dir)]))
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=180,

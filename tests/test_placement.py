@@ -9,10 +9,13 @@ from pathlib import Path
 import pytest
 
 from workloads.config import WorkloadConfig
-from workloads.placement import (GIB, Placement, PlacementError, _planner_error_storage, describe,
-                                 place_greedy, place_torchrec, table_storage)
+from workloads.units import GIB
+from bench.planning.types import Placement, PlacementError, describe
+from bench.planning.torchrec_adapter import _planner_error_storage, place_torchrec
+from bench.planning.greedy import place_greedy
+from workloads.storage import table_storage
 from workloads.spec import TableSpec
-from workloads.tables import build_spec
+from workloads.spec import build_spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

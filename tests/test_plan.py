@@ -7,10 +7,12 @@ import sys
 
 import pytest
 
-from bench.suite import compose_run_config
+from bench.run.execute import compose_run_config
 from conftest import REPO_ROOT
-from workloads.estimate import FEATURES, RankShare, dense_dry_run, fit_coefficients, predict
-from workloads.tables import build_spec
+from bench.planning.estimate import FEATURES, DryRunModel, predict
+from bench.planning.types import RankShare
+from bench.planning.calibration import fit_coefficients
+from workloads.spec import build_spec
 
 
 def plan_cli(tmp_path, *overrides):
@@ -51,13 +53,14 @@ def test_plan_rejects_bad_world_size(tmp_path):
 
 
 def test_provisioning_is_monotonic_in_headroom():
-    from bench.plan_app import provision
+    from bench.planning.provision import provision
+    from bench.run.launchspec import resolve_target
 
     chosen = []
     for headroom in (0.0, 0.1, 0.3, 0.6):
         cfg = compose_run_config(["workload=tb_1", "hardware=h100_80g", f"plan.headroom={headroom}",
                                   "plan.max_world_size=256"])
-        report = provision(cfg)
+        report = provision(cfg, resolve_target(cfg, visible_cuda=None), progress=lambda line: None)
         (row,) = report["results"]
         assert row["recommended"] is not None
         budget = (1 - headroom) * report["capacity_bytes"]
@@ -87,7 +90,7 @@ def test_fit_recovers_nonnegative_coefficients():
 def test_prediction_breakdown_for_a_table_wise_share():
     cfg = compose_run_config(["workload=tiny"])
     spec = build_spec(cfg.workload)
-    dense = dense_dry_run(spec)
+    dense = DryRunModel(spec).run()
     share = RankShare(weight_bytes=1000, optimizer_bytes=40, sent_dims=64, sent_pooling=4.0)
     (prediction,) = predict(spec, [share], {name: 0.0 for name in FEATURES})
     assert prediction.breakdown["embedding_weights"] == 1000

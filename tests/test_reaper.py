@@ -1,7 +1,7 @@
 """No rank outlives its run: the launcher ends ranks itself instead of trusting torchrun's agent to.
 
 A fake agent starts two fake ranks the way torchrun does (each in a session of its own, command line
-`... bench.worker --run-dir <dir>`, pid in `.progress_rank<R>`) and then loses the race of issue 12: it
+`... bench.run.worker --run-dir <dir>`, pid in `.progress_rank<R>`) and then loses the race of issue 12: it
 dies on SIGTERM without ending its ranks, or exits on its own and leaves them running. The ranks ignore
 SIGTERM, as a rank blocked inside a collective does. No torch is imported: these run in a second.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psutil
 
-from bench.launch import run_agents
-from bench.reaper import rank_processes
+from bench.run.launch import run_agents
+from bench.run.reaper import WORKER_MODULE, rank_processes
 
 FAKE_RANK = textwrap.dedent("""
     import os, signal, sys, time
@@ -29,7 +29,7 @@ FAKE_RANK = textwrap.dedent("""
 FAKE_AGENT = textwrap.dedent("""
     import subprocess, sys, time
     run_dir, mode = sys.argv[1], sys.argv[2]
-    ranks = [subprocess.Popen([sys.executable, "-c", sys.argv[3], "-m", "bench.worker", "--run-dir", run_dir,
+    ranks = [subprocess.Popen([sys.executable, "-c", sys.argv[3], "-m", sys.argv[4], "--run-dir", run_dir,
                                str(rank)], start_new_session=True) for rank in (0, 1)]
     print("agent started ranks", [r.pid for r in ranks], flush=True)
     while not all(__import__("os").path.exists(f"{run_dir}/.progress_rank{r}") for r in (0, 1)):
@@ -41,7 +41,7 @@ FAKE_AGENT = textwrap.dedent("""
 
 
 def fake_agent(run_dir: Path, mode: str):
-    return [sys.executable, "-c", FAKE_AGENT, str(run_dir), mode, FAKE_RANK]
+    return [sys.executable, "-c", FAKE_AGENT, str(run_dir), mode, FAKE_RANK, WORKER_MODULE]
 
 
 def rank_pids(run_dir: Path):
@@ -93,7 +93,7 @@ def test_rank_processes_ignores_other_runs_and_dead_pid_files(tmp_path):
     mine.mkdir()
     other.mkdir()
     (mine / ".progress_rank0").write_text("999999999\n")  # a pid that does not exist
-    proc = subprocess.Popen([sys.executable, "-c", FAKE_RANK, "-m", "bench.worker", "--run-dir", str(other), "0"],
+    proc = subprocess.Popen([sys.executable, "-c", FAKE_RANK, "-m", WORKER_MODULE, "--run-dir", str(other), "0"],
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 10

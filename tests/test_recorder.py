@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from bench.memory.cpu import CpuExactRecorder
-from bench.memory.cuda import CudaRecorder
-from bench.memory.cuda_stats import CudaAllocatorStats
-from bench.memory.nvml import NvmlSample
-from bench.results import CATEGORIES
+from bench.run.memory.cpu import CpuExactRecorder
+from bench.run.memory.cuda import CudaRecorder
+from bench.run.memory.cuda_stats import CudaAllocatorStats
+from bench.run.memory.nvml import NvmlSample
+from bench.results.schema import CATEGORIES
 
 CPU = torch.device("cpu")
 

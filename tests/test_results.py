@@ -6,8 +6,8 @@ from dataclasses import asdict
 
 import pytest
 
-from bench.results import (SCHEMA_VERSION, JobStats, RankResult, ResultsError, RunSummary, atomic_write_json,
-                           job_stats, load_summary, write_summary)
+from bench.results.schema import SCHEMA_VERSION, JobStats, RankResult, RunSummary, job_stats
+from bench.results.store import ResultsError, atomic_write_json, load_summary, write_summary
 
 
 def summary(**kw) -> RunSummary:

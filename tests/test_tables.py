@@ -1,10 +1,11 @@
-"""Unit tests of table generation (workloads/tables.py)."""
+"""Unit tests of table generation (workloads/spec.py)."""
 from __future__ import annotations
 
 import pytest
 
 from workloads.config import PoolingConfig, WorkloadConfig
-from workloads.tables import GIB, build_spec, embedding_dims, physical_rows, pooling_means, virtual_rows
+from workloads.spec import build_spec, embedding_dims, physical_rows, pooling_means, virtual_rows
+from workloads.units import GIB
 
 
 def test_default_spec():

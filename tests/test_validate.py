@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.config import RunConfig
-from bench.runspec import resolve_launch, validate_run
+from bench.run.config import RunConfig
+from bench.run.launchspec import resolve_launch, resolve_run, validate_run
 from workloads.config import WorkloadConfig
+from workloads.units import GIB
 from workloads.validate import ConfigError, validate_workload
 
-GIB = 1024**3
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -26,9 +26,12 @@ def run_config(**workload) -> RunConfig:
     return cfg
 
 
-def check(cfg: RunConfig, cuda_devices: int = 0, host_bytes: int = 20 * GIB) -> None:
+def check(cfg: RunConfig, cuda_devices: int = 0, host_bytes: int = 20 * GIB) -> RunConfig:
+    """The resolved config `membench run` would launch (the given one is never changed)."""
     launch = resolve_launch(cfg, cuda_devices)
-    validate_run(cfg, launch, available_host_bytes=host_bytes)
+    resolved = resolve_run(cfg, launch)
+    validate_run(resolved, launch, available_host_bytes=host_bytes)
+    return resolved
 
 
 WORKLOAD_CASES = [
@@ -170,14 +173,14 @@ def test_global_batch_must_split_evenly_over_ranks():
         check(cfg)
     assert info.value.field == "workload.global_batch_size"
     cfg = run_config(global_batch_size=1000)
-    check(cfg)
-    assert cfg.workload.batch_size == 500
+    assert check(cfg).workload.batch_size == 500
+    assert cfg.workload.batch_size == RunConfig().workload.batch_size  # the checked config is not changed
 
 
 def test_mlperf_preset_embedding_bytes_are_the_exact_sum_of_its_tables():
     from omegaconf import OmegaConf
 
-    from workloads.tables import build_spec
+    from workloads.spec import build_spec
 
     preset = OmegaConf.load(REPO_ROOT / "conf" / "workload" / "mlperf_dcnv2.yaml")
     workload = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(WorkloadConfig), preset))
@@ -192,7 +195,7 @@ def test_mlperf_preset_embedding_bytes_are_the_exact_sum_of_its_tables():
 def test_virtual_presets_are_terabyte_scale_and_plan_only(name, terabytes):
     from omegaconf import OmegaConf
 
-    from workloads.tables import build_spec
+    from workloads.spec import build_spec
 
     preset = OmegaConf.load(REPO_ROOT / "conf" / "workload" / f"{name}.yaml")
     workload = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(WorkloadConfig), preset))

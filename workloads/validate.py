@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any, Iterable, List
 
 from workloads.config import WorkloadConfig
+from workloads.storage import DENSE_OPTIMIZERS, EMBEDDING_OPTIMIZERS
+from workloads.units import GIB
 
 ROWS_DISTRIBUTIONS = ("fixed", "log_uniform", "log_normal")
 MATERIALIZE = ("full", "scaled", "plan_only")
@@ -15,8 +17,6 @@ DATA_TYPES = ("fp32", "fp16")
 POOLING_DISTRIBUTIONS = ("fixed", "uniform", "poisson", "pareto")
 ID_DISTRIBUTIONS = ("uniform", "zipf")
 ARCHS = ("dlrm", "dlrm_dcn")
-EMBEDDING_OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
-DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 SHARDING_TYPES_CPU = ("data_parallel", "table_wise", "column_wise", "table_column_wise")
 SHARDING_TYPES_CUDA_ONLY = ("row_wise", "table_row_wise", "grid_shard")
 COMPUTE_KERNELS = ("auto", "fused", "dense", "fused_uvm_caching")
@@ -53,7 +53,20 @@ def _length(field: str, values: List[Any], num_tables: int) -> None:
 
 
 def validate_workload(cfg: WorkloadConfig, prefix: str = "workload") -> None:
-    p = prefix
+    """Raise ConfigError for the first problem of a workload config; the config is not changed."""
+    _validate_tables(cfg, prefix)
+    _validate_inputs(cfg, prefix)
+    _validate_arch(cfg, prefix)
+    _validate_training(cfg, prefix)
+
+
+def _dims(cfg: WorkloadConfig, p: str):
+    """The embedding dims and the field that sets them."""
+    dims = list(cfg.embedding_dims) or [cfg.embedding_dim]
+    return dims, (f"{p}.embedding_dims" if cfg.embedding_dims else f"{p}.embedding_dim")
+
+
+def _validate_tables(cfg: WorkloadConfig, p: str) -> None:
     if cfg.rows_list:
         if cfg.num_tables != len(cfg.rows_list):
             raise ConfigError(f"{p}.rows_list", list(cfg.rows_list),
@@ -73,15 +86,16 @@ def validate_workload(cfg: WorkloadConfig, prefix: str = "workload") -> None:
     _positive(f"{p}.scaled_max_gib", cfg.scaled_max_gib)
     _one_of(f"{p}.data_type", cfg.data_type, DATA_TYPES)
     _length(f"{p}.embedding_dims", cfg.embedding_dims, cfg.num_tables)
-    dims = list(cfg.embedding_dims) or [cfg.embedding_dim]
-    dim_field = f"{p}.embedding_dims" if cfg.embedding_dims else f"{p}.embedding_dim"
+    dims, dim_field = _dims(cfg, p)
     for dim in dims:
         _positive(dim_field, dim, "embedding dims must be >= 1")
         if dim % FBGEMM_DIM_ALIGNMENT:
             raise ConfigError(dim_field, dim, f"fbgemm needs embedding dims that are multiples of "
                                               f"{FBGEMM_DIM_ALIGNMENT}; use e.g. {dim + (-dim) % 4}")
-    _positive(f"{p}.num_dense_features", cfg.num_dense_features, "need at least one dense feature")
 
+
+def _validate_inputs(cfg: WorkloadConfig, p: str) -> None:
+    _positive(f"{p}.num_dense_features", cfg.num_dense_features, "need at least one dense feature")
     pool = cfg.pooling
     _one_of(f"{p}.pooling.distribution", pool.distribution, POOLING_DISTRIBUTIONS)
     _length(f"{p}.pooling.per_table_mean", pool.per_table_mean, cfg.num_tables)
@@ -101,6 +115,8 @@ def validate_workload(cfg: WorkloadConfig, prefix: str = "workload") -> None:
     if cfg.ids.distribution == "zipf" and not (0 < cfg.ids.zipf_alpha <= 5):
         raise ConfigError(f"{p}.ids.zipf_alpha", cfg.ids.zipf_alpha, "Zipf exponent must be in (0, 5]")
 
+
+def _validate_arch(cfg: WorkloadConfig, p: str) -> None:
     _one_of(f"{p}.arch", cfg.arch, ARCHS)
     for name in ("dense_arch", "over_arch"):
         layers = list(getattr(cfg, name))
@@ -108,6 +124,7 @@ def validate_workload(cfg: WorkloadConfig, prefix: str = "workload") -> None:
             raise ConfigError(f"{p}.{name}", layers, "give a non-empty list of layer sizes >= 1")
     if cfg.over_arch[-1] != 1:
         raise ConfigError(f"{p}.over_arch", list(cfg.over_arch), "the last layer must be 1 (the logit)")
+    dims, dim_field = _dims(cfg, p)
     if len(set(dims)) != 1:
         raise ConfigError(dim_field, dims, "DLRM interactions need one embedding dim for all tables")
     if cfg.dense_arch[-1] != dims[0]:
@@ -116,6 +133,9 @@ def validate_workload(cfg: WorkloadConfig, prefix: str = "workload") -> None:
     if cfg.arch == "dlrm_dcn":
         _positive(f"{p}.dcn_num_layers", cfg.dcn_num_layers, "need at least one DCN layer")
         _positive(f"{p}.dcn_low_rank_dim", cfg.dcn_low_rank_dim, "must be >= 1")
+
+
+def _validate_training(cfg: WorkloadConfig, p: str) -> None:
     _one_of(f"{p}.embedding_optimizer", cfg.embedding_optimizer, EMBEDDING_OPTIMIZERS)
     _one_of(f"{p}.dense_optimizer", cfg.dense_optimizer, DENSE_OPTIMIZERS)
     _positive(f"{p}.embedding_lr", cfg.embedding_lr)
@@ -134,12 +154,16 @@ def validate_sharding_type(field: str, value: str, device_type: str, allow_auto:
                                         f"{', '.join(SHARDING_TYPES_CPU)}")
 
 
-def check_host_memory(physical_bytes: int, replicas: int, optimizer_factor: float,
-                      available_bytes: int, field: str, value: Any) -> None:
-    """Refuse workloads whose materialized tables alone would not fit in this machine's RAM."""
-    needed = physical_bytes * replicas * optimizer_factor
-    usable = 0.8 * available_bytes
-    if needed > usable:
-        raise ConfigError(field, value, f"materialized tables need about {needed / 2**30:.1f} GiB of host "
-                                        f"RAM but only {usable / 2**30:.1f} GiB is usable here; use "
+# Share of the available host RAM that materialized tables may take (the rest: the model, the
+# interpreter, the other ranks' processes)
+USABLE_HOST_FRACTION = 0.8
+
+
+def check_host_memory(needed_bytes: int, available_bytes: int, field: str, value: Any) -> None:
+    """Refuse workloads whose materialized tables (weights and optimizer state, every replica) alone would
+    not fit in this machine's RAM."""
+    usable = USABLE_HOST_FRACTION * available_bytes
+    if needed_bytes > usable:
+        raise ConfigError(field, value, f"materialized tables need about {needed_bytes / GIB:.1f} GiB of host "
+                                        f"RAM but only {usable / GIB:.1f} GiB is usable here; use "
                                         f"workload.materialize=scaled workload.scaled_max_gib=<GiB>")

@@ -31,7 +31,7 @@ from bench.perf.table import print_table
 from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
 from workloads.data import Batch, SyntheticBatches
 from workloads.spec import WorkloadSpec
-from workloads.tables import build_spec
+from workloads.spec import build_spec
 
 # MLPerf DLRM-DCNv2 (Criteo 1TB multi-hot) ids per feature for its 26 sparse features
 MLPERF_MULTI_HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]

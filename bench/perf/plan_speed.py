@@ -7,7 +7,7 @@ On this machine's CPU, with no GPU or process group, it places the embedding tab
     optimizer state) on 64, 256 and 1024 ranks, and
 (b) the same tables with 100, 250, 500 and 1000 tables on a fixed world size (256),
 
-each with membench's ``workloads.placement.place_greedy`` and torchrec's default
+each with membench's ``bench.planning.greedy.place_greedy`` and torchrec's default
 ``EmbeddingShardingPlanner`` (``place_torchrec``), on H100-like ranks (80 GiB HBM, 8 ranks per node;
 torchrec also gets 2 TiB of host memory per rank for UVM). For each it prints the plan time, the
 fullest rank's embedding memory (weights + optimizer state, GiB), the mean, the imbalance (max/mean)
@@ -31,18 +31,19 @@ from pathlib import Path
 from typing import List, Optional
 
 from bench.perf.table import print_table
+from bench.planning.greedy import place_greedy
+from bench.planning.torchrec_adapter import place_torchrec
+from bench.planning.types import Placement, PlacementError
+from bench.run.config import CONF_DIR
 from workloads.config import WorkloadConfig
-from workloads.placement import GIB, TB, Placement, PlacementError, place_greedy, place_torchrec
-from workloads.spec import WorkloadSpec
-from workloads.tables import build_spec
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from workloads.spec import WorkloadSpec, build_spec
+from workloads.units import GIB, TB
 
 
 def load_workload(name: str) -> WorkloadConfig:
     from omegaconf import OmegaConf
 
-    path = REPO_ROOT / "conf" / "workload" / f"{name}.yaml"
+    path = Path(CONF_DIR) / "workload" / f"{name}.yaml"
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(WorkloadConfig), OmegaConf.load(path)))
 
 
@@ -65,7 +66,7 @@ class Row:
 
 
 def total_tb(spec: WorkloadSpec) -> float:
-    from workloads.placement import table_storage
+    from workloads.storage import table_storage
 
     return sum(sum(table_storage(t, spec.config.embedding_optimizer)) for t in spec.tables) / TB
 

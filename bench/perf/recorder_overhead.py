@@ -14,7 +14,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.suite import run_overrides
+from bench.run.execute import run_overrides
 
 
 def measure(overrides, enabled: bool, results: Path, index: int) -> float:

@@ -1,0 +1,1 @@
+"""Command-line apps: parse, call, print. Statuses are returned, never kept in module globals."""

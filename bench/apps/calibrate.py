@@ -1,0 +1,158 @@
+"""`membench calibrate`: fit the peak predictor's coefficients from measured runs, then check them.
+
+    membench calibrate [--suite conf/suite/calibrate_cpu.yaml] [--check-suite conf/suite/ci_cpu.yaml]
+
+Runs every entry of the calibration suite (each its own torchrun), fits the sparse-side coefficients
+(non-negative least squares, see bench/planning/calibration.py), writes results/calibration/<hardware>.json,
+then runs the check suite and prints, per rank, the measured peak, membench's prediction and
+torchrec's planner estimate with their errors.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from rich.table import Table
+
+from bench.apps.console import make_console
+from bench.harness.suite import SuiteError, load_suite
+from bench.planning.calibration import (CALIBRATION_DIR, Calibration, calibration_key, fit_coefficients,
+                                        save_calibration)
+from bench.planning.predict import error_pct
+from bench.run.config import CONF_DIR
+from bench.run.execute import run_overrides
+from workloads.units import MIB
+
+SUITES_DIR = Path(CONF_DIR) / "suite"
+
+
+@dataclass
+class Point:
+    entry: str
+    rank: int
+    measured: int
+    fixed: int
+    features: Dict[str, float]
+    torchrec: int
+
+    def predicted(self, coefficients: Dict[str, float]) -> int:
+        return int(round(self.fixed + sum(coefficients.get(k, 0.0) * v for k, v in self.features.items())))
+
+
+def points_from_run_dir(run_dir: Path, label: str) -> List[Point]:
+    """Predictor inputs for a finished run, recomputed from its config and sharding plan with this
+    version of the predictor (so re-fitting needs no new runs)."""
+    import json
+
+    from bench.run.launchspec import load_run_config
+    from bench.results.store import load_summary
+    from bench.planning.estimate import shares_from_plan, predict
+    from workloads.spec import build_spec
+
+    summary = load_summary(run_dir)
+    if summary.status != "ok" or summary.mode != "train":
+        return []
+    cfg, launch = load_run_config(run_dir)
+    spec = build_spec(cfg.workload)
+    shares = shares_from_plan(json.loads((run_dir / "sharding_plan.json").read_text()), spec, launch.world_size)
+    predictions = predict(spec, shares, {})
+    torchrec = (summary.estimate or {}).get("torchrec_per_rank_peak") or [0] * launch.world_size
+    return [Point(label, r.rank, r.peak_bytes, predictions[r.rank].total_bytes, predictions[r.rank].features,
+                  torchrec[r.rank]) for r in summary.per_rank]
+
+
+def run_suite_points(suite_path: Path, results_dir: Path) -> tuple[List[Point], str]:
+    suite = load_suite(suite_path)
+    points, key = [], None
+    for index, entry in enumerate(suite.entries, 1):
+        print(f"[calibrate] {suite.name} {index}/{len(suite.entries)}: {entry.name}", flush=True)
+        run_dir = results_dir / suite.name / entry.name
+        summary = run_overrides(entry.all_overrides(), run_dir, f"{results_dir.name}/{suite.name}/{entry.name}")
+        if summary.status != "ok":
+            print(f"[calibrate]   skipped: status {summary.status}", flush=True)
+            continue
+        key = key or calibration_key(summary.device_type, summary.hardware)
+        points.extend(points_from_run_dir(run_dir, entry.name))
+    return points, key or "cpu"
+
+
+def existing_points(suite_dir: Path) -> List[Point]:
+    points = []
+    for summary_path in sorted(Path(suite_dir).glob("*/summary.json")):
+        points.extend(points_from_run_dir(summary_path.parent, summary_path.parent.name))
+    return points
+
+
+def error_table(title: str, points: List[Point], coefficients: Dict[str, float]) -> tuple[Table, float, float]:
+    table = Table(title=title, title_justify="left")
+    for column in ("entry", "rank", "measured MiB", "membench MiB", "error %", "torchrec MiB", "error %"):
+        table.add_column(column, justify="left" if column == "entry" else "right")
+    worst_ours = worst_torchrec = 0.0
+    for point in points:
+        ours = error_pct(point.predicted(coefficients), point.measured)
+        theirs = error_pct(point.torchrec, point.measured)
+        worst_ours, worst_torchrec = max(worst_ours, abs(ours)), max(worst_torchrec, abs(theirs))
+        table.add_row(point.entry, str(point.rank), f"{point.measured / MIB:.2f}",
+                      f"{point.predicted(coefficients) / MIB:.2f}", f"{ours:+.2f}", f"{point.torchrec / MIB:.2f}",
+                      f"{theirs:+.2f}")
+    return table, worst_ours, worst_torchrec
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="membench calibrate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", type=Path, default=SUITES_DIR / "calibrate_cpu.yaml")
+    parser.add_argument("--check-suite", type=Path, default=SUITES_DIR / "ci_cpu.yaml",
+                        help="held-out suite to report errors on ('' to skip)")
+    parser.add_argument("--out", type=Path, default=CALIBRATION_DIR, help="calibration directory")
+    parser.add_argument("--results-dir", type=Path, default=Path("results/runs"))
+    parser.add_argument("--from-runs", type=Path, default=None,
+                        help="re-fit from an earlier `membench calibrate` output directory instead of running "
+                             "(its <suite name>/<entry>/ run directories)")
+    args = parser.parse_args(argv)
+    try:
+        suite_name = load_suite(args.suite).name
+        check_name = load_suite(args.check_suite).name if str(args.check_suite) else None
+        if args.from_runs is not None:
+            if not (args.from_runs / suite_name).is_dir():
+                print(f"membench calibrate: no {suite_name}/ under {args.from_runs}; pass the directory that "
+                      f"an earlier `membench calibrate` wrote (results/runs/calibrate-<time>)", file=sys.stderr)
+                return 2
+            points, key = existing_points(args.from_runs / suite_name), "cpu"
+            check_points = existing_points(args.from_runs / check_name) if check_name else []
+        else:
+            results_dir = args.results_dir / f"calibrate-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+            points, key = run_suite_points(args.suite, results_dir)
+            check_points = run_suite_points(args.check_suite, results_dir)[0] if check_name else []
+    except SuiteError as err:
+        print(f"membench calibrate: {err}", file=sys.stderr)
+        return 2
+    if len(points) < 3:
+        print(f"membench calibrate: only {len(points)} usable measurements from {args.suite}; need >= 3",
+              file=sys.stderr)
+        return 1
+    coefficients = fit_coefficients([p.features for p in points], [p.measured - p.fixed for p in points])
+    console = make_console()
+    fit_table, fit_worst, _ = error_table(f"calibration fit ({args.suite.name})", points, coefficients)
+    console.print(fit_table)
+    held_out_worst = None
+    if check_points:
+        check_table, held_out_worst, torchrec_worst = error_table(f"held-out check ({args.check_suite.name})",
+                                                                  check_points, coefficients)
+        console.print(check_table)
+        console.print(f"held-out max |error|: membench {held_out_worst:.2f} %, torchrec planner {torchrec_worst:.2f} %")
+    calibration = Calibration(hardware=key, coefficients=coefficients, points=len(points),
+                              max_abs_error_pct=round(held_out_worst if held_out_worst is not None else fit_worst, 3),
+                              source=f"membench calibrate --suite {args.suite.name} ({len(points)} rank measurements)")
+    path = save_calibration(args.out, calibration)
+    console.print("coefficients: " + ", ".join(f"{k}={v:.4g}" for k, v in coefficients.items()))
+    console.print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""`membench` command line: subcommands dispatch to Hydra apps over `conf/`.
+
+    membench run [overrides...]        one run (or a sweep with -m) under torchrun
+    python -m bench run ...            the same
+
+Exit status is the run's status code (bench.results.schema); a sweep exits with its most severe one.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from bench.apps.console import print_sweep
+from bench.apps.run import JobOutcome
+from bench.results.schema import EXIT_INTERRUPTED, EXIT_INVALID, exit_code, worst_status
+from bench.results.store import sweep_statuses
+from bench.run.config import CONF_DIR, register_configs, register_resolvers
+
+USAGE = """usage: membench <command> [hydra overrides...]
+
+commands:
+  run        launch a workload under torchrun and record memory per rank (Hydra app; -m for a sweep)
+  plan       estimate per-rank memory for any world size (no GPU, tables never materialized)
+  provision  recommend the smallest world size that fits with headroom (and per batch size)
+  calibrate  fit the peak predictor from measured runs (results/calibration/<hardware>.json)
+  report     figures + report.md from runs, sweeps or a results directory
+  compare    the regression table between two runs (or two sweeps, point by point); exit 1 if they differ
+
+examples:
+  membench run                                      # tiny workload, hardware=auto (CPU: 2 ranks)
+  membench run workload=small sharding=column_wise
+  membench run -m workload.batch_size=256,1024 workload.num_tables=4,16
+  membench run --help                               # config groups and every option
+  membench plan workload=tb_10 hardware=h100_80g world_size=512
+  membench provision workload=tb_1 hardware=h100_80g plan.headroom=0.1
+  membench report results/runs/sweep-<id> --out report/
+  membench compare results/runs/<run A> results/runs/<run B> --rtol 0.01
+
+exit status: 0 ok, 1 failed, 2 invalid config, 3 out of memory, 4 timeout, 130 interrupted
+"""
+COMMANDS = ("run", "plan", "provision", "calibrate", "report", "compare")
+# Hydra apps: module and the task of one job (returns a JobOutcome)
+HYDRA_COMMANDS = {"run": ("bench.apps.run", "run_job"), "plan": ("bench.apps.plan", "plan_job"),
+                  "provision": ("bench.apps.plan", "provision_job")}
+# subcommands with their own argparse interface (the rest are Hydra apps)
+ARGPARSE_COMMANDS = {"calibrate": "bench.apps.calibrate", "report": "bench.report", "compare": "bench.apps.compare"}
+
+
+def run_hydra_app(command: str, rest: List[str], outcomes: List[JobOutcome]) -> List[str]:
+    """Run one Hydra command over conf/, appending to `outcomes` how each job this process ran ended.
+    Returns the statuses of the points a launcher ran in other processes (submitit), read back from their
+    sweep's index."""
+    import hydra
+
+    module_name, task_name = HYDRA_COMMANDS[command]
+    task = getattr(importlib.import_module(module_name), task_name)
+    sweep_dirs: List[Path] = []
+
+    def job(dict_cfg) -> None:
+        outcomes.append(task(dict_cfg))
+
+    register_configs()
+    register_resolvers(on_sweep_dir=sweep_dirs.append)
+    sys.argv = [f"membench {command}", *rest]
+    hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(job)()
+    return [] if outcomes else [status for path in sweep_dirs for status in sweep_statuses(path)]
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        sys.exit(0 if argv else EXIT_INVALID)
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"membench: unknown command {command!r}; use one of {', '.join(COMMANDS)}\n\n{USAGE}",
+              file=sys.stderr)
+        sys.exit(EXIT_INVALID)
+    if command in ARGPARSE_COMMANDS:
+        sys.exit(importlib.import_module(ARGPARSE_COMMANDS[command]).main(rest))
+    outcomes: List[JobOutcome] = []
+    try:
+        remote_statuses = run_hydra_app(command, rest, outcomes)
+    except SystemExit as exc:
+        # Hydra exits 1 on a bad override or unknown key, before any job runs: that is `invalid`.
+        if exc.code not in (0, None) and not outcomes:
+            sys.exit(EXIT_INVALID)
+        raise
+    except KeyboardInterrupt:
+        print("membench: interrupted; the running torchrun was stopped, finished runs are kept", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    if len(outcomes) > 1:
+        print_sweep(outcomes)
+    statuses = [outcome.status for outcome in outcomes] or remote_statuses
+    if statuses:
+        sys.exit(exit_code(worst_status(statuses)))
+
+
+if __name__ == "__main__":
+    main()

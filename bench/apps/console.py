@@ -1,0 +1,129 @@
+"""Console tables (rich): a finished run, a sweep, a plan, a provisioning report."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.results.schema import RunSummary
+from workloads.units import GIB, MIB
+
+# Short names keep the per-rank table readable in an 80-column CI log
+SHORT = {"embedding_weights": "emb_w", "embedding_optimizer": "emb_opt", "embedding_grads": "emb_g", "dense_params": "dense_p",
+         "dense_grads": "dense_g", "dense_optimizer": "dense_opt", "activations": "act",
+         "comm_buffers": "comm", "allocator_overhead": "alloc_ovh", "non_torch": "non_torch", "other": "other"}
+STATUS_STYLE = {"ok": "green", "oom": "red", "failed": "red", "timeout": "yellow", "invalid": "magenta"}
+
+
+def _mib(num_bytes) -> str:
+    return "-" if num_bytes is None else f"{num_bytes / MIB:,.1f}"
+
+
+def top_categories(breakdown: dict, count: int = 3) -> str:
+    ranked = sorted(((v, k) for k, v in breakdown.items() if v > 0), reverse=True)[:count]
+    return " ".join(f"{SHORT.get(k, k)} {v / MIB:,.1f}" for v, k in ranked)
+
+
+def make_console() -> Console:
+    console = Console(highlight=False)
+    if not console.is_terminal:  # logs and CI: do not squeeze tables into 80 columns
+        console = Console(highlight=False, width=160)
+    return console
+
+
+def print_run_summary(summary: RunSummary, run_dir: Path, console: Console | None = None) -> None:
+    console = console or make_console()
+    style = STATUS_STYLE.get(summary.status, "")
+    console.print(f"[bold]{summary.run_id}[/bold]  status [{style}]{summary.status}[/{style}]  "
+                  f"workload {summary.workload}  world size {summary.world_size}  wall {summary.wall_s:.1f} s")
+    if summary.per_rank:
+        table = Table(title="per-rank memory (MiB)", title_justify="left")
+        for column in ("rank", "status", "peak", "capacity", "util %", "headroom", "peak at",
+                       "top categories at peak"):
+            table.add_column(column, justify="right" if column not in ("status", "peak at",
+                                                                      "top categories at peak (MiB)") else "left")
+        for rank in summary.per_rank:
+            table.add_row(str(rank.rank), rank.status, _mib(rank.peak_bytes), _mib(rank.capacity_bytes),
+                          f"{100 * rank.utilization:.2f}", _mib(rank.headroom_bytes),
+                          f"step {rank.peak_step} {rank.peak_phase}", top_categories(rank.breakdown))
+        console.print(table)
+        job = summary.job
+        if job.steps:
+            console.print(f"job: utilization min/mean/max {100 * job.utilization_min:.2f}/"
+                          f"{100 * job.utilization_mean:.2f}/{100 * job.utilization_max:.2f} %, imbalance "
+                          f"{job.imbalance:.3f}, step p50 {job.step_time_ms_p50:.1f} ms, "
+                          f"{job.samples_per_s:,.0f} samples/s")
+    if summary.error:
+        console.print(f"[{style}]{summary.status}: {summary.error}[/{style}]")
+    console.print(f"results: {run_dir}")
+
+
+def print_sweep(outcomes, console: Console | None = None) -> None:
+    """One row per job: its run id, status and directory (any objects with those three attributes)."""
+    console = console or make_console()
+    table = Table(title="sweep", title_justify="left")
+    table.add_column("run")
+    table.add_column("status")
+    table.add_column("dir")
+    for outcome in outcomes:
+        run_id, status, run_dir = outcome.run_id, outcome.status, outcome.run_dir
+        style = STATUS_STYLE.get(status, "")
+        table.add_row(run_id, f"[{style}]{status}[/{style}]", str(run_dir))
+    console.print(table)
+
+
+# -- plan mode and provisioning -----------------------------------------------------------------
+def print_plan(summary: RunSummary, run_dir: Path) -> None:
+    console = make_console()
+    ranks = summary.per_rank
+    style = "green" if summary.status == "ok" else "red"
+    console.print(f"[bold]{summary.run_id}[/bold]  plan  workload {summary.workload} on {summary.world_size} x "
+                  f"{summary.hardware}  [{style}]{summary.estimate['verdict']}[/{style}]  "
+                  f"(placement {summary.estimate['planner']} {summary.estimate['plan_time_s']} s, wall {summary.wall_s:.1f} s)")
+    if ranks:
+        shown = sorted(ranks, key=lambda r: r.peak_bytes, reverse=True)
+        if len(shown) > 8:
+            shown = shown[:5] + [min(ranks, key=lambda r: r.peak_bytes)]
+        table = Table(title=f"per-rank estimate (GiB){' - top 5 and the smallest' if len(ranks) > 8 else ''}",
+                      title_justify="left")
+        for column in ("rank", "total", "capacity", "util %", "headroom", "emb weights", "emb optim", "dense+optim",
+                       "activations", "overheads"):
+            table.add_column(column, justify="right")
+        for rank in shown:
+            b = rank.breakdown
+            dense = b["dense_params"] + b["dense_grads"] + b["dense_optimizer"]
+            table.add_row(str(rank.rank), f"{rank.peak_bytes / GIB:.2f}", f"{rank.capacity_bytes / GIB:.2f}",
+                          f"{100 * rank.utilization:.1f}", f"{rank.headroom_bytes / GIB:.2f}",
+                          f"{b['embedding_weights'] / GIB:.2f}", f"{b['embedding_optimizer'] / GIB:.2f}",
+                          f"{dense / GIB:.2f}", f"{b['activations'] / GIB:.2f}",
+                          f"{(b['allocator_overhead'] + b['non_torch']) / GIB:.2f}")
+        console.print(table)
+        job = summary.job
+        console.print(f"job: utilization min/mean/max {100 * job.utilization_min:.1f}/{100 * job.utilization_mean:.1f}/"
+                      f"{100 * job.utilization_max:.1f} %, imbalance {job.imbalance:.3f}")
+    if summary.error:
+        console.print(f"[{style}]{summary.error}[/{style}]")
+    console.print(f"results: {run_dir}")
+
+
+def print_provision(report: dict, out_path: Path) -> None:
+    console = make_console()
+    table = Table(title=f"provisioning {report['workload']} on {report['hardware']} "
+                        f"({report['capacity_bytes'] / GIB:.0f} GiB/rank, headroom {100 * report['headroom']:.0f}%)",
+                  title_justify="left")
+    for column in ("batch/rank", "recommended ranks", "nodes", "max rank GiB", "util max %", "util mean %",
+                   "next smaller", "it lacks (GiB)"):
+        table.add_column(column, justify="right")
+    for row in report["results"]:
+        chosen, smaller = row["recommended"], row["next_smaller"]
+        if chosen is None:
+            table.add_row(str(row["batch_size"]), "none fits", "-", "-", "-", "-", "-", "-")
+            continue
+        lacks = "-" if smaller is None else f"{smaller['shortfall_bytes'] / GIB:.2f}"
+        table.add_row(str(row["batch_size"]), str(chosen["world_size"]),
+                      str(chosen["world_size"] // report["ranks_per_node"]), f"{chosen['max_rank_bytes'] / GIB:.2f}",
+                      f"{100 * chosen['utilization_max']:.1f}", f"{100 * chosen['utilization_mean']:.1f}",
+                      "-" if smaller is None else str(smaller["world_size"]), lacks)
+    console.print(table)
+    console.print(f"results: {out_path}")

@@ -1,0 +1,73 @@
+"""`membench plan` and `membench provision`: memory estimates for any world size, no GPU needed.
+
+    membench plan workload=tb_10 hardware=h100_80g world_size=512      (or nodes=64)
+    membench provision workload=tb_10 hardware=h100_80g plan.headroom=0.1
+
+Tables are placed by membench's greedy placement (or torchrec's planner with plan.planner=torchrec)
+on their virtual rows; each rank's peak is predicted as in bench/planning/estimate.py.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from bench.apps.console import print_plan, print_provision
+from bench.apps.run import JobOutcome
+from bench.planning.provision import plan, provision, validate_plan_config
+from bench.planning.torchrec_adapter import quiet_libraries
+from bench.results.schema import Status
+from bench.results.store import atomic_write_json, write_summary
+from bench.run.config import to_run_config, with_changes
+from bench.run.launchspec import resolve_target
+from bench.run.summary import summary_for
+from workloads.spec import build_spec
+from workloads.validate import ConfigError, validate_workload
+
+
+def plan_job(dict_cfg: DictConfig) -> JobOutcome:
+    started = time.perf_counter()
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    cfg = with_changes(to_run_config(dict_cfg), mode="plan")
+    try:
+        target = resolve_target(cfg, visible_cuda=None)
+        validate_plan_config(cfg.plan)
+        validate_workload(cfg.workload)
+    except ConfigError as err:
+        print(f"membench: {err}", file=sys.stderr)
+        return JobOutcome(run_dir.name, Status.INVALID, run_dir)
+    quiet_libraries()
+    spec = build_spec(cfg.workload)
+    print(f"[membench] planning {cfg.workload.name} ({spec.virtual_bytes / 1e12:.2f} TB of tables, "
+          f"{len(spec.tables)} tables) on {target.world_size} x {cfg.hardware.name}", flush=True)
+    outcome = plan(cfg, spec, target)
+    summary = summary_for(cfg, run_id=run_dir.name, status=outcome.status, world_size=target.world_size,
+                          device_type=target.device_type, device_name=cfg.hardware.name,
+                          wall_s=round(time.perf_counter() - started, 3), error=outcome.error,
+                          per_rank=outcome.per_rank, job=outcome.job, oom_ranks=outcome.oom_ranks,
+                          estimate=outcome.estimate)
+    write_summary(run_dir, summary)
+    print_plan(summary, run_dir)
+    return JobOutcome(summary.run_id, summary.status, run_dir)
+
+
+def provision_job(dict_cfg: DictConfig) -> JobOutcome:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    cfg = with_changes(to_run_config(dict_cfg), mode="provision")
+    try:
+        target = resolve_target(cfg, visible_cuda=None)
+        validate_plan_config(cfg.plan)
+        validate_workload(cfg.workload)
+    except ConfigError as err:
+        print(f"membench: {err}", file=sys.stderr)
+        return JobOutcome(run_dir.name, Status.INVALID, run_dir)
+    quiet_libraries()
+    report = provision(cfg, target)
+    path = run_dir / "provision.json"
+    atomic_write_json(path, report)
+    print_provision(report, path)
+    status = Status.OK if all(r["recommended"] for r in report["results"]) else Status.OOM
+    return JobOutcome(run_dir.name, status, run_dir)

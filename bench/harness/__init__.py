@@ -1,0 +1,1 @@
+"""The memory regression gate: pytest plugin, its settings, suites and baselines."""

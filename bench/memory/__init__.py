@@ -1,1 +1,0 @@
-"""Per-rank memory recording: CUDA allocator stats, NVML sampling, OOM capture, snapshots."""

@@ -1,0 +1,255 @@
+"""Per-rank peak memory prediction, before launch, for any sharding plan and world size.
+
+    predicted peak = embedding storage from the plan (weights, optimizer state, and gradients of
+                     data-parallel tables)
+                   + a dry run of the dense part (dense/interaction/over arch, loss, backward, dense
+                     optimizer) on the meta device, counted by the same live-tensor tracker as real runs
+                   + persistent dense gradient buckets (DDP)
+                   + sum_i c_i * feature_i   (a calibrated correction)
+
+The dry run simulates the rank's sparse side too (input and received ids, pooled lookups, the
+all-to-all buffers of forward and backward, with torchrec's lifetimes), so peaks that do not
+coincide are not simply added. The correction's features are sizes the model implies (pooled
+embeddings received and sent, ids, replicated tables); its coefficients are calibrated per hardware
+from measured runs (bench/planning/calibration.py), zero without one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+from bench.planning.types import RankPrediction, RankShare
+
+FEATURES = ("const", "pooled_received", "pooled_sent", "ids_input", "ids_received", "data_parallel_tables")
+from workloads.spec import WorkloadSpec
+from workloads.storage import optimizer_state_bytes
+from workloads.units import GIB
+
+
+def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int) -> List[RankShare]:
+    """Per-rank embedding storage from `torchrec_adapter.describe_plan` rows (torchrec's ShardingPlan)."""
+    cfg = spec.config
+    tables = {t.name: t for t in spec.tables}
+    shares = [RankShare() for _ in range(world_size)]
+    for row in plan_rows:
+        table = tables[row["table"]]
+        element = table.bytes_per_element
+        if row["sharding_type"] == "data_parallel":
+            # replicated everywhere; gradients materialize and the dense optimizer keeps their state
+            for share in shares:
+                share.weight_bytes += table.physical_bytes
+                share.grad_bytes += table.physical_bytes
+                share.optimizer_bytes += optimizer_state_bytes(cfg.dense_optimizer, table.physical_rows,
+                                                               table.embedding_dim)
+            continue  # looked up locally for the local batch: nothing crosses an all-to-all
+        for shard in row["shards"]:
+            rows, cols = shard["sizes"]
+            share = shares[shard["rank"]]
+            share.weight_bytes += rows * cols * element
+            share.optimizer_bytes += optimizer_state_bytes(cfg.embedding_optimizer, rows, cols)
+            share.sent_dims += cols
+            share.sent_pooling += table.pooling_mean
+    return shares
+
+
+def features_for_rank(spec: WorkloadSpec, share: RankShare, world_size: int) -> Dict[str, float]:
+    cfg = spec.config
+    batch = cfg.batch_size
+    total_dims = sum(t.embedding_dim for t in spec.tables)
+    total_pooling = sum(t.pooling_mean for t in spec.tables)
+    return {
+        "const": 1.0,
+        "pooled_received": batch * total_dims * 4.0,
+        "pooled_sent": batch * world_size * share.sent_dims * 4.0,
+        "ids_input": batch * total_pooling * 8.0,
+        "ids_received": batch * world_size * share.sent_pooling * 8.0,
+        # replicated tables: their dense gradients and lookups are not simulated in the dry run
+        "data_parallel_tables": float(share.grad_bytes),
+    }
+
+
+@dataclass
+class DenseDryRun:
+    params_bytes: int
+    optimizer_bytes: int
+    peak_bytes: int  # params + optimizer state + activations (+ simulated sparse buffers) at the peak
+
+
+class DryRunModel:
+    """The dense part of the model on `meta` (dense arch, interaction, over arch, dense optimizer),
+    built once and stepped with placeholders for what the sharded embeddings allocate on a rank."""
+
+    def __init__(self, spec: WorkloadSpec):
+        import torch
+        from torch import nn
+        from torchrec.sparse.jagged_tensor import KeyedTensor
+
+        from workloads.model import build_model, dense_optimizer_class
+
+        self.spec, self.meta = spec, torch.device("meta")
+        cfg = spec.config
+        self.dlrm = build_model(spec, self.meta).model.to(self.meta)  # DCN layers start on the default device
+        self.params = [p for name, p in self.dlrm.named_parameters() if "sparse_arch" not in name]
+        self.optimizer = dense_optimizer_class(cfg.dense_optimizer)(self.params, lr=cfg.dense_lr)
+        self.keys = [t.feature_name for t in spec.tables]
+        self.dims = [t.embedding_dim for t in spec.tables]
+        self.pooled = None  # set per step: the KeyedTensor the sharded EBC would return
+        model = self
+
+        class PooledEmbeddings(nn.Module):
+            def forward(self, features):
+                return KeyedTensor(keys=model.keys, length_per_key=model.dims, values=model.pooled)
+
+        self.dlrm.sparse_arch.embedding_bag_collection = PooledEmbeddings()
+
+    def run(self, share: Optional[RankShare] = None, world_size: int = 1, steps: int = 2) -> DenseDryRun:
+        """Two training steps counted by the live-tensor tracker. With a `share`, the sparse side of
+        the rank is simulated too: input ids, received ids (kept for the fused backward), the pooled
+        lookups and the all-to-all buffers of forward and backward, with the lifetimes torchrec gives them
+        (collective buffers last until the end of their phase, as in the CPU recorder)."""
+        tracker = self._tracker()
+        with tracker:
+            for _ in range(steps):
+                self._step(tracker, share, world_size)
+        return DenseDryRun(params_bytes=tracker.by_category.get("dense_params", 0),
+                           optimizer_bytes=tracker.by_category.get("dense_optimizer", 0),
+                           peak_bytes=tracker.peak_bytes)
+
+    def _tracker(self):
+        import torch
+
+        from bench.accounting.live_tensors import LiveTensorTracker
+
+        tracker = LiveTensorTracker(self.meta, capacity_bytes=1 << 62, rank=0)
+        tracker.track_tensors(self.params, "dense_params")
+        for state in self.optimizer.state.values():
+            tracker.track_tensors([v for v in state.values() if isinstance(v, torch.Tensor)], "dense_optimizer")
+        return tracker
+
+    def _empty(self, n, dtype=None):
+        import torch
+
+        return torch.empty(max(0, int(n)), dtype=dtype or torch.float32, device=self.meta)
+
+    def _step(self, tracker, share: Optional[RankShare], world_size: int) -> None:
+        """One training step; every tensor it allocates is gone when it returns."""
+        from torch import nn
+
+        cfg = self.spec.config
+        batch, total_dims = cfg.batch_size, sum(self.dims)
+        tracker.category = "activations"
+        dense, labels = self._empty(batch * cfg.num_dense_features).view(batch, -1), self._empty(batch)
+        held: list = []  # what the backward all-to-all allocates, until the step's backward is over
+        if share is not None:
+            kept, comm = self._sparse_forward(share, world_size, held)
+        else:
+            self.pooled = self._empty(batch * total_dims).view(batch, total_dims).requires_grad_()
+        logits = self.dlrm(dense, None).squeeze(-1)
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        if share is not None:
+            del comm  # end of forward: the collective buffers go
+            tracker.flush_deferred()
+        loss.backward()
+        held.clear()
+        tracker.category = "dense_optimizer"
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.pooled = None
+
+    def _sparse_forward(self, share: RankShare, world_size: int, held: list):
+        """The rank's sparse side up to the pooled embeddings the dense part consumes: (what stays alive
+        until the step ends: ids, received ids, the received pooled buffer; the forward's collective
+        buffers)."""
+        import torch
+
+        batch, total_dims = self.spec.config.batch_size, sum(self.dims)
+        total_pooling = sum(t.pooling_mean for t in self.spec.tables)
+        sent = int(batch * world_size * share.sent_dims)
+        ids = [self._empty(batch * total_pooling, torch.int64), self._empty(len(self.dims) * batch, torch.int32)]
+        received_ids = self._empty(batch * world_size * share.sent_pooling, torch.int64)
+        lookups = self._empty(sent)
+        comm = [self._empty(sent), self._empty(batch * total_dims)]  # registered send copy, receive buffer
+        del lookups
+        received = comm[1].requires_grad_()
+        self.pooled = self._all_to_all(sent, held).apply(received)
+        return [ids, received_ids, received], comm
+
+    def _all_to_all(self, sent: int, held: list):
+        """The pooled embeddings' all-to-all as an autograd function whose backward allocates what
+        torchrec's does: a registered copy of the gradient, and the gradient of the lookups."""
+        import torch
+
+        batch, total_dims, empty = self.spec.config.batch_size, sum(self.dims), self._empty
+
+        class AllToAll(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, received):
+                return received.view(batch, total_dims)
+
+            @staticmethod
+            def backward(ctx, grad):
+                held.extend([empty(grad.numel()), empty(sent)])
+                return grad.reshape(-1)
+
+        return AllToAll
+
+
+def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[str, float],
+            model: Optional[DryRunModel] = None) -> List[RankPrediction]:
+    """Per-rank peak: one dry run (with the rank's sparse side simulated) per distinct rank share, plus
+    the calibrated correction. Pass `model` to reuse a built dry-run model across calls."""
+    world_size = len(shares)
+    model = model or DryRunModel(spec)
+    runs: Dict[tuple, DenseDryRun] = {}
+    predictions = []
+    for rank, share in enumerate(shares):
+        features = features_for_rank(spec, share, world_size)
+        key = (share.sent_dims, round(share.sent_pooling, 3))
+        if key not in runs:
+            runs[key] = model.run(share, world_size)
+        run = runs[key]
+        activations = run.peak_bytes - run.params_bytes - run.optimizer_bytes
+        residual = sum(coefficients.get(name, 0.0) * value for name, value in features.items())
+        breakdown = {
+            "embedding_weights": share.weight_bytes,
+            "embedding_optimizer": share.optimizer_bytes,
+            "embedding_grads": share.grad_bytes,
+            "dense_params": run.params_bytes,
+            "dense_grads": run.params_bytes,  # DDP keeps persistent fp32 gradient buckets
+            "dense_optimizer": run.optimizer_bytes,
+            "activations": int(round(activations + residual)),
+        }
+        predictions.append(RankPrediction(rank, sum(breakdown.values()), breakdown, features))
+    return predictions
+
+
+# -- plan mode: shares from membench's own placement, and device overheads -----------------------
+# Uncalibrated GPU defaults (replaced by a calibration when one exists): the caching allocator keeps
+# about this share above what tensors use, and the CUDA context, NCCL and cuBLAS take about this much.
+GPU_ALLOCATOR_OVERHEAD_FRACTION = 0.05
+GPU_NON_TORCH_BYTES = GIB
+
+
+def shares_from_placement(placement, spec: WorkloadSpec) -> List[RankShare]:
+    """Per-rank embedding storage from a `Placement` (virtual-row shards)."""
+    tables = {t.name: t for t in spec.tables}
+    shares = [RankShare() for _ in range(placement.world_size)]
+    for shard in placement.shards:
+        table = tables[shard.table]
+        share = shares[shard.rank]
+        share.weight_bytes += shard.weight_bytes
+        share.optimizer_bytes += shard.optimizer_bytes
+        share.sent_dims += shard.dim
+        # a row-wise shard sees the ids that hash into its rows
+        share.sent_pooling += table.pooling_mean * shard.rows / max(1, table.virtual_rows)
+    return shares
+
+
+def add_device_overheads(prediction: RankPrediction, device_type: str) -> RankPrediction:
+    if device_type != "cuda":
+        return prediction
+    torch_bytes = prediction.total_bytes
+    prediction.breakdown["allocator_overhead"] = int(torch_bytes * GPU_ALLOCATOR_OVERHEAD_FRACTION)
+    prediction.breakdown["non_torch"] = GPU_NON_TORCH_BYTES
+    prediction.total_bytes = sum(prediction.breakdown.values())
+    return prediction

@@ -1,0 +1,72 @@
+"""Predict each rank's peak before a run starts, and score the prediction once it has finished."""
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from bench.planning.calibration import CALIBRATION_DIR, calibration_key, load_calibration
+from bench.planning.torchrec_adapter import quiet_libraries
+from bench.results.schema import RankResult
+
+
+def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[str, Any]:
+    """Plan on the meta device exactly as the workers will, then predict per-rank peaks."""
+    import torch
+
+    from bench.planning.estimate import DryRunModel, predict, shares_from_plan
+    from bench.planning.torchrec_adapter import describe_plan, make_sharding_plan, torchrec_rank_estimates
+    from workloads.model import build_model
+    from workloads.spec import build_spec
+
+    quiet_libraries()
+    spec = build_spec(cfg.workload)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_model(spec, torch.device("meta"))
+        plan, capture = make_sharding_plan(cfg, spec, launch.world_size, launch.ranks_per_node,
+                                           launch.device_type, launch.capacity_bytes, model)
+        dry_run = DryRunModel(spec)
+    calibration = load_calibration(calibration_dir, calibration_key(launch.device_type, cfg.hardware.name))
+    shares = shares_from_plan(describe_plan(plan), spec, launch.world_size)
+    predictions = predict(spec, shares, calibration.coefficients, dry_run)
+    return {
+        "calibration": calibration.source,
+        "per_rank_peak": [p.total_bytes for p in predictions],
+        "per_rank_breakdown": [p.breakdown for p in predictions],
+        # what the calibration fits: measured peak - fixed part = sum(coefficient * feature)
+        "per_rank_fixed": [p.total_bytes - sparse_part(p, calibration.coefficients) for p in predictions],
+        "per_rank_features": [p.features for p in predictions],
+        "torchrec_per_rank_peak": torchrec_rank_estimates(capture, launch.world_size),
+    }
+
+
+def sparse_part(prediction, coefficients: Dict[str, float]) -> int:
+    return int(round(sum(coefficients.get(k, 0.0) * v for k, v in prediction.features.items())))
+
+
+def try_predict_run(cfg, launch) -> Optional[Dict[str, Any]]:
+    if cfg.model.backend != "torchrec":
+        return None  # the predictor models torchrec's sharding and fused kernels only
+    try:
+        return predict_run(cfg, launch)
+    except Exception as err:  # a prediction must never stop a measurement
+        print(f"[membench] peak prediction unavailable: {type(err).__name__}: {err}".splitlines()[0],
+              file=sys.stderr)
+        return None
+
+
+def error_pct(predicted: int, measured: int) -> Optional[float]:
+    return round(100.0 * (predicted - measured) / measured, 3) if measured else None
+
+
+def score(estimate: Optional[Dict[str, Any]], ranks: List[RankResult]) -> Optional[Dict[str, Any]]:
+    """Add per-rank errors (predicted vs measured peak, %, positive = over-estimate) for ranks that ran."""
+    if estimate is None:
+        return None
+    measured = {r.rank: r.peak_bytes for r in ranks if r.status == "ok"}
+    for key, source in (("error_pct", "per_rank_peak"), ("torchrec_error_pct", "torchrec_per_rank_peak")):
+        estimate[key] = [error_pct(value, measured[rank]) if rank in measured else None
+                         for rank, value in enumerate(estimate[source])]
+    return estimate

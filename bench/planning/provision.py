@@ -1,0 +1,150 @@
+"""Plan mode and provisioning: place the tables for a target, predict every rank's peak, judge the fit,
+and search the smallest world size that fits with headroom.
+
+The stages are wired here: a placer (membench's greedy placement, or torchrec's planner through the
+adapter, `plan.planner`), then the estimator with the hardware's calibration. Nothing here changes the
+config it is given.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from bench.planning.calibration import CALIBRATION_DIR, Calibration, calibration_key, load_calibration
+from bench.planning.estimate import DryRunModel, add_device_overheads, predict, shares_from_placement
+from bench.planning.greedy import place_greedy
+from bench.planning.torchrec_adapter import place_torchrec
+from bench.planning.types import Placement, PlacementError, PlanTarget, RankPrediction
+from bench.results.schema import JobStats, RankResult, Status, complete_breakdown
+from workloads.spec import WorkloadSpec, build_spec
+from workloads.units import GIB
+from workloads.validate import ConfigError
+
+PLANNERS = ("membench", "torchrec")
+
+
+def validate_plan_config(plan) -> None:
+    """The `plan.*` settings (planner, shard fraction, headroom): ConfigError for the first bad one."""
+    if plan.planner not in PLANNERS:
+        raise ConfigError("plan.planner", plan.planner, "use membench or torchrec")
+    if not 0 < plan.max_shard_fraction <= 1:
+        raise ConfigError("plan.max_shard_fraction", plan.max_shard_fraction, "use a fraction in (0, 1]")
+    if not 0 <= plan.headroom < 1:
+        raise ConfigError("plan.headroom", plan.headroom, "use a fraction in [0, 1), e.g. 0.1 for 10%")
+
+
+def place(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int) -> Placement:
+    if cfg.plan.planner == "torchrec":
+        return place_torchrec(spec, world_size, target.capacity_bytes, local_world_size=target.ranks_per_node,
+                              ddr_cap_bytes=int(cfg.hardware.host_memory_gib * GIB),
+                              compute_device=target.device_type)
+    return place_greedy(spec, world_size, target.capacity_bytes, allow_row_wise=target.device_type == "cuda",
+                        max_shard_fraction=cfg.plan.max_shard_fraction)
+
+
+def predict_ranks(cfg, spec: WorkloadSpec, target: PlanTarget, placement: Placement, dry_run: DryRunModel):
+    calibration = load_calibration(CALIBRATION_DIR, calibration_key(target.device_type, cfg.hardware.name))
+    predictions = predict(spec, shares_from_placement(placement, spec), calibration.coefficients, dry_run)
+    return [add_device_overheads(p, target.device_type) for p in predictions], calibration
+
+
+@dataclass
+class PlanOutcome:
+    """A plan judged against its target: what goes into the run's summary."""
+    status: str
+    error: Optional[str]
+    per_rank: List[RankResult] = field(default_factory=list)
+    job: JobStats = field(default_factory=JobStats)
+    estimate: dict = field(default_factory=dict)
+
+    @property
+    def oom_ranks(self) -> List[int]:
+        return [r.rank for r in self.per_rank if r.status == Status.OOM]
+
+
+def _rank_results(predictions: List[RankPrediction], target: PlanTarget) -> List[RankResult]:
+    capacity = target.capacity_bytes
+    return [RankResult(rank=p.rank, status=Status.OK if p.total_bytes <= capacity else Status.OOM,
+                       device=target.device_type, capacity_bytes=capacity, peak_bytes=p.total_bytes,
+                       peak_allocated_bytes=p.total_bytes, utilization=p.total_bytes / capacity,
+                       headroom_bytes=capacity - p.total_bytes, peak_phase="estimate",
+                       breakdown=complete_breakdown(p.total_bytes, p.breakdown), recorder="estimate")
+            for p in predictions]
+
+
+def judge_plan(cfg, target: PlanTarget, predictions: List[RankPrediction], placement: Optional[Placement],
+               calibration: Optional[Calibration], error: Optional[str] = None) -> PlanOutcome:
+    ranks = _rank_results(predictions, target)
+    fits = error is None and all(r.status == Status.OK for r in ranks)
+    worst = max(ranks, key=lambda r: r.peak_bytes, default=None)
+    utils = [r.utilization for r in ranks]
+    peaks = [r.peak_bytes for r in ranks]
+    job = JobStats(utilization_min=min(utils, default=0.0), utilization_mean=statistics.fmean(utils) if utils else 0.0,
+                   utilization_max=max(utils, default=0.0),
+                   imbalance=max(peaks) / statistics.fmean(peaks) if peaks and statistics.fmean(peaks) else 0.0)
+    if error is None and not fits:
+        error = (f"does not fit: rank {worst.rank} needs {worst.peak_bytes / GIB:.2f} GiB of "
+                 f"{target.capacity_bytes / GIB:.2f} GiB (short by {-worst.headroom_bytes / GIB:.2f} GiB)")
+    estimate = {"verdict": "fits" if fits else "oom", "worst_rank": worst.rank if worst else None,
+                "planner": cfg.plan.planner, "plan_time_s": round(placement.plan_time_s, 3) if placement else None,
+                "calibration": calibration.source if calibration else None,
+                "virtual_table_bytes": build_spec(cfg.workload).virtual_bytes,
+                "placement": placement.to_dict() if placement else None}
+    return PlanOutcome(status=Status.OK if fits else Status.OOM, error=error, per_rank=ranks, job=job,
+                       estimate=estimate)
+
+
+def plan(cfg, spec: WorkloadSpec, target: PlanTarget) -> PlanOutcome:
+    """Place and predict for `target.world_size` ranks; a placement that fails is an `oom` outcome."""
+    try:
+        placement = place(cfg, spec, target, target.world_size)
+    except PlacementError as err:
+        return judge_plan(cfg, target, [], None, None, error=str(err))
+    predictions, calibration = predict_ranks(cfg, spec, target, placement, DryRunModel(spec))
+    return judge_plan(cfg, target, predictions, placement, calibration)
+
+
+def evaluate(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int, dry_run: DryRunModel) -> dict:
+    budget = int(target.capacity_bytes * (1 - cfg.plan.headroom))
+    try:
+        placement = place(cfg, spec, target, world_size)
+    except PlacementError as err:
+        return {"world_size": world_size, "fits": False, "max_rank_bytes": None, "shortfall_bytes": err.shortfall_bytes,
+                "reason": str(err)}
+    predictions, _ = predict_ranks(cfg, spec, target, placement, dry_run)
+    worst = max(p.total_bytes for p in predictions)
+    mean = statistics.fmean(p.total_bytes for p in predictions)
+    return {"world_size": world_size, "fits": worst <= budget, "max_rank_bytes": worst,
+            "utilization_max": worst / target.capacity_bytes, "utilization_mean": mean / target.capacity_bytes,
+            "shortfall_bytes": max(0, worst - budget), "reason": None}
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def provision(cfg, target: PlanTarget, progress=_say) -> dict:
+    """For each per-rank batch size (plan.batch_sizes, else the workload's): the smallest world size, in
+    multiples of the ranks per node, that fits with plan.headroom free, and what the next smaller lacks."""
+    batch_sizes = list(cfg.plan.batch_sizes) or [cfg.workload.batch_size]
+    results = []
+    for batch in batch_sizes:
+        workload = copy.deepcopy(cfg.workload)
+        workload.batch_size = batch
+        spec = build_spec(workload)
+        dry_run = DryRunModel(spec)  # built once per batch size, stepped per distinct rank share
+        previous, chosen = None, None
+        for world_size in range(target.ranks_per_node, cfg.plan.max_world_size + 1, target.ranks_per_node):
+            point = evaluate(cfg, spec, target, world_size, dry_run)
+            if point["fits"]:
+                chosen = point
+                break
+            previous = point
+        results.append({"batch_size": batch, "recommended": chosen, "next_smaller": previous})
+        progress(f"[membench] batch {batch}: " + (f"{chosen['world_size']} ranks" if chosen else
+                                                  f"nothing up to {cfg.plan.max_world_size} ranks fits"))
+    return {"workload": cfg.workload.name, "hardware": cfg.hardware.name, "capacity_bytes": target.capacity_bytes,
+            "headroom": cfg.plan.headroom, "ranks_per_node": target.ranks_per_node, "planner": cfg.plan.planner,
+            "results": results}

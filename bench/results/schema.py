@@ -1,0 +1,152 @@
+"""Results schema: what a run records (summary.json, rank<R>.json), its statuses and their exit codes.
+
+Every rank's breakdown has the categories below and adds up to its `peak_bytes` (`complete_breakdown`).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+SCHEMA_VERSION = 1
+
+
+class Status(str, Enum):
+    """How a run ended (a str, so JSON and comparisons with plain strings keep working)."""
+    OK = "ok"
+    OOM = "oom"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    INVALID = "invalid"
+
+
+# Process exit codes: one table so the launcher, CLI and docs agree
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+EXIT_OOM = 3
+EXIT_TIMEOUT = 4
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+
+STATUS_EXIT_CODE = {Status.OK: EXIT_OK, Status.FAILED: EXIT_FAILED, Status.INVALID: EXIT_INVALID,
+                    Status.OOM: EXIT_OOM, Status.TIMEOUT: EXIT_TIMEOUT}
+# When a sweep mixes outcomes, the process exits with the most severe one.
+SEVERITY = (Status.OK, Status.OOM, Status.TIMEOUT, Status.FAILED, Status.INVALID)
+
+
+def worst_status(statuses) -> str:
+    statuses = [Status(s) for s in statuses]
+    return max(statuses, key=SEVERITY.index).value if statuses else Status.OK.value
+
+
+def exit_code(status: str) -> int:
+    return STATUS_EXIT_CODE[Status(status)]
+
+
+# Breakdown categories; at a rank's peak they add up to its `peak_bytes`.
+CATEGORIES = (
+    "embedding_weights",
+    "embedding_optimizer",
+    # gradients of tables that are not fused into the optimizer (data-parallel tables, native backend)
+    "embedding_grads",
+    "dense_params",
+    "dense_grads",
+    "dense_optimizer",
+    "activations",
+    "comm_buffers",
+    "allocator_overhead",
+    "non_torch",
+    "other",
+)
+
+
+
+@dataclass
+class RankResult:
+    rank: int
+    status: str  # ok | oom | failed
+    device: str
+    capacity_bytes: int
+    # The measure the breakdown adds up to: live tensor bytes on CPU, NVML device used on GPU
+    peak_bytes: int = 0
+    peak_allocated_bytes: int = 0
+    peak_reserved_bytes: Optional[int] = None
+    peak_device_used_bytes: Optional[int] = None
+    utilization: float = 0.0
+    headroom_bytes: int = 0
+    peak_step: int = -1
+    peak_phase: str = ""
+    breakdown: Dict[str, int] = field(default_factory=dict)
+    # Peaks outside the measured steps (model build, warm-up), kept apart so baselines see steady state
+    build_peak_bytes: int = 0
+    warmup_peak_bytes: int = 0
+    step_times_s: List[float] = field(default_factory=list)
+    recorder: str = ""
+    oom: Optional[Dict[str, Any]] = None
+    error: Optional[str] = None
+
+
+@dataclass
+class JobStats:
+    utilization_min: float = 0.0
+    utilization_mean: float = 0.0
+    utilization_max: float = 0.0
+    imbalance: float = 0.0
+    steps: int = 0
+    step_time_ms_p50: Optional[float] = None
+    samples_per_s: Optional[float] = None
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    status: str
+    mode: str
+    workload: str
+    hardware: str
+    world_size: int
+    device_type: str
+    device_name: str
+    model_backend: str
+    config_hash: str
+    versions: Dict[str, str]
+    started_at: str
+    wall_s: float
+    exit_code: int
+    error: Optional[str] = None
+    oom_ranks: List[int] = field(default_factory=list)
+    per_rank: List[RankResult] = field(default_factory=list)
+    job: JobStats = field(default_factory=JobStats)
+    sharding_plan: List[Dict[str, Any]] = field(default_factory=list)
+    estimate: Optional[Dict[str, Any]] = None
+    sweep_id: Optional[str] = None
+    schema_version: int = SCHEMA_VERSION
+
+
+def job_stats(ranks: List[RankResult], batch_size: int, warmup_steps: int) -> JobStats:
+    measured = [r for r in ranks if r.status == "ok"]
+    if not measured:
+        return JobStats()
+    utils = [r.utilization for r in measured]
+    peaks = [r.peak_bytes for r in measured]
+    mean_peak = statistics.fmean(peaks)
+    # a step is as slow as its slowest rank
+    per_step = [max(times) for times in zip(*(r.step_times_s[warmup_steps:] for r in measured))]
+    p50 = statistics.median(per_step) if per_step else None
+    return JobStats(
+        utilization_min=min(utils),
+        utilization_mean=statistics.fmean(utils),
+        utilization_max=max(utils),
+        imbalance=max(peaks) / mean_peak if mean_peak else 0.0,
+        steps=len(per_step),
+        step_time_ms_p50=p50 * 1e3 if p50 else None,
+        samples_per_s=batch_size * len(measured) / p50 if p50 else None,
+    )
+
+
+def complete_breakdown(peak_bytes: int, parts: Dict[str, int]) -> Dict[str, int]:
+    """Every category present; what the parts do not explain goes to `other`, so the sum is the peak."""
+    breakdown = {category: int(parts.get(category, 0)) for category in CATEGORIES if category != "other"}
+    breakdown["other"] = peak_bytes - sum(breakdown.values())
+    return breakdown

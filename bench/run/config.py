@@ -1,0 +1,173 @@
+"""Typed run configuration (Hydra structured configs) and its registration with the ConfigStore.
+
+`conf/config.yaml` extends `membench_run`, so every group file and command-line override is checked
+against these dataclasses by Hydra itself (unknown key or wrong type -> refused by name).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from workloads.config import WorkloadConfig
+
+# Hydra's config tree: conf/config.yaml and its groups (workload, hardware, sharding, ...)
+CONF_DIR = str(Path(__file__).resolve().parent.parent.parent / "conf")
+# Fields that change what is measured (run_id, output paths and timeouts do not)
+HASHED_SECTIONS = ("workload", "hardware", "sharding", "model", "record")
+
+
+@dataclass
+class HardwareConfig:
+    name: str = "auto"
+    # cpu | cuda | auto (cuda when torch sees a GPU, else cpu)
+    device: str = "auto"
+    # ranks (GPUs, or CPU processes) per node; null = all visible GPUs on cuda, 2 on cpu
+    ranks_per_node: Optional[int] = None
+    nodes: int = 1
+    # Memory per rank. CPU: the emulated capacity that live tensors may not exceed (an allocation
+    # beyond it raises torch.OutOfMemoryError). GPU: the profile's HBM; NVML's total wins at run time.
+    capacity_gib: float = 4.0
+    # Host memory per node, for torchrec's planner (UVM / DDR)
+    host_memory_gib: float = 16.0
+    # gloo | nccl | auto (nccl on cuda, gloo on cpu)
+    dist_backend: str = "auto"
+    # CUDA: cap each rank's caching allocator at this share of the device
+    # (torch.cuda.set_per_process_memory_fraction), e.g. to provoke an OOM on purpose
+    memory_fraction: Optional[float] = None
+
+
+@dataclass
+class ShardingConfig:
+    # auto (torchrec planner chooses) | data_parallel | table_wise | column_wise | table_column_wise |
+    # row_wise | table_row_wise | grid_shard (the last three need CUDA)
+    type: str = "auto"
+    # Per-table overrides, e.g. {t0: column_wise}
+    per_table: Dict[str, str] = field(default_factory=dict)
+    # fused | dense | fused_uvm_caching (UVM caching needs CUDA); auto lets the planner pick
+    compute_kernel: str = "auto"
+
+
+@dataclass
+class RecordConfig:
+    enabled: bool = True
+    # exact: live-tensor accounting of every op (CPU, deterministic); sampled: ownership + RSS only
+    cpu_mode: str = "exact"
+    timeline: bool = True
+    nvml_interval_ms: int = 100
+    # CUDA: save allocator history as the pickle memory_viz reads (and one at OOM)
+    snapshot: bool = False
+    snapshot_max_entries: int = 100_000
+
+
+@dataclass
+class ModelConfig:
+    # torchrec (the reference: sharded by torchrec, fbgemm fused backward + optimizer) | native (plain
+    # PyTorch nn.EmbeddingBag tables, table-wise, no torchrec/fbgemm import)
+    backend: str = "torchrec"
+    # native only: sparse (COO) embedding gradients instead of dense ones
+    sparse_grads: bool = False
+
+
+@dataclass
+class LauncherConfig:
+    # No progress (a finished phase on any rank) for this long -> the launcher ends the torchrun agents
+    # and every rank, and marks the run `timeout`; collectives time out after twice this time, so a dead
+    # peer cannot hang the others forever, yet a stall is always the watchdog's to report.
+    watchdog_s: int = 300
+    # Multi-node (hardware.nodes > 1): c10d rendezvous at node 0's host:port, the same on every node
+    rdzv_endpoint: str = "127.0.0.1:29400"
+    # This node's index when each node runs its own `membench run` (all nodes must share results_dir
+    # and pass the same hydra.run.dir); null with spawn_all_nodes=true starts every node's agent here
+    node_rank: Optional[int] = None
+    # Start every node's torchrun agent on this machine (a multi-node job emulated on one host)
+    spawn_all_nodes: bool = False
+
+
+@dataclass
+class PlanConfig:
+    # membench (fast greedy placement on torchrec-compatible storage) | torchrec (its default planner;
+    # minutes at thousands of tables and ranks)
+    planner: str = "membench"
+    # Row-wise split of tables larger than this share of a rank's capacity (CUDA only)
+    max_shard_fraction: float = 0.25
+    # Provisioning: keep this share of each rank's capacity free
+    headroom: float = 0.10
+    # Provisioning: largest world size to consider, and per-rank batch sizes to try (empty: the workload's)
+    max_world_size: int = 8192
+    batch_sizes: List[int] = field(default_factory=list)
+
+
+@dataclass
+class RunConfig:
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    record: RecordConfig = field(default_factory=RecordConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    # train (launch under torchrun) | plan (estimate only, any world size) | provision; set by the command
+    mode: str = "train"
+    # Plan mode: ranks to plan for (default nodes x hardware.ranks_per_node); `nodes` overrides
+    # hardware.nodes
+    world_size: Optional[int] = None
+    nodes: Optional[int] = None
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    results_dir: str = "results/runs"
+    # Wall-clock limit of one torchrun job; exceeded -> status `timeout`, every agent and rank ended
+    timeout_s: int = 1800
+    # Set by the CLI from Hydra's output directory; not meant to be overridden
+    run_id: str = ""
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="membench_run", node=RunConfig)
+
+
+def new_run_id() -> str:
+    """Sortable and unique even for runs started in the same second by concurrent processes."""
+    return f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def register_resolvers(on_sweep_dir: Optional[Callable[[Path], None]] = None) -> None:
+    """The resolvers conf/config.yaml names its output directories with. `on_sweep_dir` is told every
+    sweep directory this process resolves (with a launcher that runs points in other processes, such as
+    submitit, the caller reads their statuses back from that sweep's index)."""
+    def sweep_dir(results_dir: str) -> str:
+        path = f"{results_dir}/sweep-{new_run_id()}"
+        if on_sweep_dir is not None:
+            on_sweep_dir(Path(path))
+        return path
+
+    # use_cache: one value per process, so a sweep's directory is resolved once for all its jobs
+    OmegaConf.register_new_resolver("membench_id", new_run_id, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("membench_sweep_dir", sweep_dir, use_cache=True, replace=True)
+
+
+def to_run_config(cfg) -> RunConfig:
+    """DictConfig (already type-checked by Hydra) -> RunConfig dataclass."""
+    merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+    return OmegaConf.to_object(merged)
+
+
+def config_hash(cfg: RunConfig) -> str:
+    payload = {name: OmegaConf.to_container(OmegaConf.structured(getattr(cfg, name)))
+               for name in HASHED_SECTIONS}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def with_changes(cfg: RunConfig, **changes) -> RunConfig:
+    """A copy of `cfg` with top-level fields changed (`mode="plan"`): the caller's config stays as given."""
+    new = copy.deepcopy(cfg)
+    for name, value in changes.items():
+        setattr(new, name, value)
+    return new

@@ -1,0 +1,257 @@
+"""From a composed config to what a launch needs: resolved devices and ranks, validation, the run files.
+
+`resolve_target` is the one resolver of device type, ranks per node, world size and memory per rank, for
+a launch here (`hardware=auto`: CUDA when torch sees a GPU, else CPU with 2 ranks) and for a plan of
+hardware that need not be here (`membench plan` / `provision`). It runs once, in the launching process;
+the workers read the result from the run directory. Nothing here changes the config it is given:
+`resolve_run` returns a resolved copy, `validate_run` only checks.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional, Tuple
+
+import psutil
+from omegaconf import OmegaConf
+
+from bench.planning.types import PlanTarget
+from bench.results.store import atomic_write_json, atomic_write_text
+from bench.run.config import RunConfig, to_run_config
+from workloads.spec import build_spec
+from workloads.storage import materialized_bytes
+from workloads.units import GIB
+from workloads.validate import (COMPUTE_KERNELS, EMBEDDING_OPTIMIZERS_CPU_FUSED, ConfigError, check_host_memory,
+                                validate_sharding_type, validate_workload)
+
+DEFAULT_CPU_RANKS = 2
+# A plan for GPUs that are not here: a typical node's GPU count (hardware.ranks_per_node overrides it)
+DEFAULT_GPU_RANKS_PER_NODE = 8
+# Collectives wait this many watchdog periods before they time out: longer than the watchdog, so a
+# stalled rank is always caught by the launcher (status timeout, every rank ended) rather than surfacing
+# first as a collective error on its peers (failed), and a dead peer still cannot hang a job that runs
+# without the launcher watching.
+COLLECTIVE_TIMEOUT_FACTOR = 2
+
+
+@dataclass
+class LaunchSpec:
+    device_type: str  # cpu | cuda
+    dist_backend: str  # gloo | nccl
+    world_size: int
+    ranks_per_node: int
+    nodes: int
+    # per rank; 0 on cuda means "the device's total memory", read by the worker
+    capacity_bytes: int
+    collective_timeout_s: int
+    # multi-node: where the c10d rendezvous lives, and which node agents this machine starts
+    rdzv_endpoint: str = ""
+    local_node_ranks: Tuple[int, ...] = (0,)
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes > 1
+
+
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def visible_cuda_devices(cfg: RunConfig) -> int:
+    """CUDA devices torch sees, asked only when the config can use them (importing torch costs the
+    launching process about 1.5 s, on every CPU run otherwise)."""
+    return 0 if cfg.hardware.device == "cpu" else cuda_device_count()
+
+
+def _device_type(device: str, visible_cuda: Optional[int]) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError("hardware.device", device, "use one of auto, cpu, cuda")
+    if visible_cuda is None:  # planning: `auto` plans for this machine's CPU ranks
+        return "cuda" if device == "cuda" else "cpu"
+    device_type = device if device != "auto" else ("cuda" if visible_cuda else "cpu")
+    if device_type == "cuda" and not visible_cuda:
+        raise ConfigError("hardware.device", device, "no CUDA device is visible to torch here; use "
+                                                     "hardware=cpu (or hardware=auto)")
+    return device_type
+
+
+def resolve_target(cfg: RunConfig, visible_cuda: Optional[int]) -> PlanTarget:
+    """Device type, ranks per node, world size and memory per rank. `visible_cuda`: the CUDA devices torch
+    sees here, for a launch; None for a plan (then `world_size` / `nodes` may override the hardware's)."""
+    hw, planning = cfg.hardware, visible_cuda is None
+    device_type = _device_type(hw.device, visible_cuda)
+    nodes_field, nodes = ("nodes", cfg.nodes) if planning and cfg.nodes is not None else ("hardware.nodes", hw.nodes)
+    if nodes < 1:
+        raise ConfigError(nodes_field, nodes, "must be >= 1")
+    ranks = hw.ranks_per_node
+    if ranks is None:
+        ranks = DEFAULT_CPU_RANKS if device_type == "cpu" else (DEFAULT_GPU_RANKS_PER_NODE if planning else visible_cuda)
+    if ranks < 1:
+        raise ConfigError("hardware.ranks_per_node", ranks, "must be >= 1")
+    if not planning and device_type == "cuda" and ranks > visible_cuda:
+        raise ConfigError("hardware.ranks_per_node", ranks, f"only {visible_cuda} CUDA device(s) visible; "
+                                                            f"use at most {visible_cuda}")
+    world_size = cfg.world_size if planning and cfg.world_size is not None else nodes * ranks
+    if world_size < 1:
+        raise ConfigError("world_size", world_size, "must be >= 1")
+    if not hw.capacity_gib > 0:
+        raise ConfigError("hardware.capacity_gib", hw.capacity_gib, "must be > 0 (GiB per rank)")
+    capacity = int(hw.capacity_gib * GIB) if device_type == "cpu" or planning else 0
+    return PlanTarget(device_type=device_type, ranks_per_node=ranks, world_size=world_size, capacity_bytes=capacity)
+
+
+def _dist_backend(cfg: RunConfig, device_type: str) -> str:
+    hw = cfg.hardware
+    backend = hw.dist_backend if hw.dist_backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+    if backend not in ("gloo", "nccl"):
+        raise ConfigError("hardware.dist_backend", backend, "use one of auto, gloo, nccl")
+    if backend == "nccl" and device_type == "cpu":
+        raise ConfigError("hardware.dist_backend", backend, "nccl needs CUDA; use gloo (or auto) on CPU")
+    if hw.memory_fraction is not None:
+        if device_type != "cuda":
+            raise ConfigError("hardware.memory_fraction", hw.memory_fraction,
+                              "caps the CUDA caching allocator; on CPU lower hardware.capacity_gib instead")
+        if not 0 < hw.memory_fraction <= 1:
+            raise ConfigError("hardware.memory_fraction", hw.memory_fraction, "use a fraction in (0, 1]")
+    return backend
+
+
+def _local_node_ranks(cfg: RunConfig) -> Tuple[int, ...]:
+    """The node agents this machine starts: every node's with spawn_all_nodes, else this node's."""
+    hw, launcher = cfg.hardware, cfg.launcher
+    if hw.nodes == 1:
+        return (0,)
+    host, _, port = launcher.rdzv_endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError("launcher.rdzv_endpoint", launcher.rdzv_endpoint,
+                          "use host:port of node 0, e.g. node0.cluster:29400")
+    node_rank = launcher.node_rank
+    if node_rank is None and "SLURM_NODEID" in os.environ:  # one task per node under SLURM
+        node_rank = int(os.environ["SLURM_NODEID"])
+    if launcher.spawn_all_nodes:
+        return tuple(range(hw.nodes))
+    if node_rank is None or not 0 <= node_rank < hw.nodes:
+        raise ConfigError("launcher.node_rank", node_rank,
+                          f"with hardware.nodes={hw.nodes} give this node's index 0..{hw.nodes - 1} (run "
+                          f"`membench run ... launcher.node_rank=K` on every node), or "
+                          f"launcher.spawn_all_nodes=true to start every node here")
+    return (node_rank,)
+
+
+def resolve_launch(cfg: RunConfig, cuda_devices: int) -> LaunchSpec:
+    target = resolve_target(cfg, cuda_devices)
+    backend = _dist_backend(cfg, target.device_type)
+    if cfg.timeout_s < 1:
+        raise ConfigError("timeout_s", cfg.timeout_s, "must be >= 1 second")
+    if cfg.launcher.watchdog_s < 1:
+        raise ConfigError("launcher.watchdog_s", cfg.launcher.watchdog_s, "must be >= 1 second")
+    return LaunchSpec(device_type=target.device_type, dist_backend=backend, world_size=target.world_size,
+                      ranks_per_node=target.ranks_per_node, nodes=cfg.hardware.nodes,
+                      capacity_bytes=target.capacity_bytes,
+                      collective_timeout_s=COLLECTIVE_TIMEOUT_FACTOR * cfg.launcher.watchdog_s,
+                      rdzv_endpoint=cfg.launcher.rdzv_endpoint, local_node_ranks=_local_node_ranks(cfg))
+
+
+def resolve_run(cfg: RunConfig, launch: LaunchSpec) -> RunConfig:
+    """A copy of `cfg` with what the launch decides filled in: workload.global_batch_size -> the per-rank
+    batch_size (refused when it does not split evenly over the ranks)."""
+    global_batch = cfg.workload.global_batch_size
+    if global_batch is None:
+        return cfg
+    world_size = launch.world_size
+    if global_batch < 1 or global_batch % world_size:
+        raise ConfigError("workload.global_batch_size", global_batch,
+                          f"must be a positive multiple of the world size ({world_size}); e.g. "
+                          f"{max(world_size, global_batch - global_batch % world_size)}")
+    resolved = copy.deepcopy(cfg)
+    resolved.workload.batch_size = global_batch // world_size
+    return resolved
+
+
+def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int | None = None) -> None:
+    """Raise ConfigError for the first problem of a resolved config; nothing has been launched or written."""
+    if cfg.mode != "train":
+        raise ConfigError("mode", cfg.mode, "`membench run` trains; use `membench plan` or `membench provision`")
+    _validate_backend(cfg)
+    if cfg.record.cpu_mode != "exact":
+        raise ConfigError("record.cpu_mode", cfg.record.cpu_mode, "only `exact` is available")
+    if cfg.record.nvml_interval_ms < 1:
+        raise ConfigError("record.nvml_interval_ms", cfg.record.nvml_interval_ms, "must be >= 1")
+    validate_workload(cfg.workload)
+    _validate_sharding(cfg, launch.device_type)
+    _validate_materialized(cfg, launch, available_host_bytes)
+
+
+def _validate_backend(cfg: RunConfig) -> None:
+    if cfg.model.backend not in ("torchrec", "native"):
+        raise ConfigError("model.backend", cfg.model.backend, "use torchrec or native")
+    if cfg.model.sparse_grads and cfg.model.backend != "native":
+        raise ConfigError("model.sparse_grads", True, "sparse embedding gradients exist on the native backend "
+                                                      "only (torchrec fuses the optimizer into the backward)")
+    sharding = cfg.sharding
+    if cfg.model.backend == "native":
+        for field, value in [("sharding.type", sharding.type), *((f"sharding.per_table.{t}", v)
+                                                                  for t, v in sharding.per_table.items())]:
+            if value not in ("auto", "table_wise"):
+                raise ConfigError(field, value, "the native backend places tables table_wise only; use "
+                                                "sharding=auto or sharding=table_wise (or model.backend=torchrec)")
+        if sharding.compute_kernel != "auto":
+            raise ConfigError("sharding.compute_kernel", sharding.compute_kernel,
+                              "the native backend has no fbgemm kernels; leave it auto")
+
+
+def _validate_sharding(cfg: RunConfig, device_type: str) -> None:
+    sharding = cfg.sharding
+    validate_sharding_type("sharding.type", sharding.type, device_type, allow_auto=True)
+    names = {f"t{i}" for i in range(cfg.workload.num_tables)}
+    for table, sharding_type in sharding.per_table.items():
+        if table not in names:
+            raise ConfigError(f"sharding.per_table.{table}", sharding_type,
+                              f"no such table; tables are t0..t{cfg.workload.num_tables - 1}")
+        validate_sharding_type(f"sharding.per_table.{table}", sharding_type, device_type, allow_auto=False)
+    if sharding.compute_kernel not in COMPUTE_KERNELS:
+        raise ConfigError("sharding.compute_kernel", sharding.compute_kernel,
+                          f"use one of {', '.join(COMPUTE_KERNELS)}")
+    if sharding.compute_kernel == "fused_uvm_caching" and device_type != "cuda":
+        raise ConfigError("sharding.compute_kernel", sharding.compute_kernel,
+                          "UVM caching needs CUDA; on CPU use auto, fused or dense")
+    all_data_parallel = {sharding.type, *sharding.per_table.values()} == {"data_parallel"}
+    if (device_type == "cpu" and not all_data_parallel and cfg.model.backend == "torchrec"
+            and cfg.workload.embedding_optimizer not in EMBEDDING_OPTIMIZERS_CPU_FUSED):
+        raise ConfigError("workload.embedding_optimizer", cfg.workload.embedding_optimizer,
+                          f"fbgemm's CPU kernels fuse only {' / '.join(EMBEDDING_OPTIMIZERS_CPU_FUSED)} into "
+                          f"the backward; use one of those on CPU (or sharding=data_parallel)")
+
+
+def _validate_materialized(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: Optional[int]) -> None:
+    spec = build_spec(cfg.workload)
+    if spec.is_plan_only:
+        raise ConfigError("workload.materialize", "plan_only",
+                          f"workload {cfg.workload.name!r} is virtual ({spec.virtual_bytes / 1e12:.1f} TB of "
+                          f"tables) and cannot be trained on this machine; use `membench plan "
+                          f"workload={cfg.workload.name} hardware=h100_80g world_size=512`, or train a shrunk "
+                          f"copy with workload.materialize=scaled")
+    if launch.device_type == "cpu":
+        types = {cfg.sharding.type, *cfg.sharding.per_table.values()}
+        replicas = launch.world_size if "data_parallel" in types else 1
+        needed = replicas * sum(materialized_bytes(t, cfg.workload.embedding_optimizer) for t in spec.tables)
+        available = available_host_bytes if available_host_bytes is not None else psutil.virtual_memory().available
+        check_host_memory(needed, available, "workload.materialize", cfg.workload.materialize)
+
+
+def write_run_config(run_dir: Path, cfg: RunConfig, launch: LaunchSpec) -> None:
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    atomic_write_json(run_dir / "launch.json", asdict(launch))
+
+
+def load_run_config(run_dir: Path) -> Tuple[RunConfig, LaunchSpec]:
+    cfg = to_run_config(OmegaConf.load(Path(run_dir) / "config.yaml"))
+    data = json.loads((Path(run_dir) / "launch.json").read_text())
+    data["local_node_ranks"] = tuple(data.get("local_node_ranks", (0,)))
+    launch = LaunchSpec(**data)
+    return cfg, launch

@@ -1,0 +1,1 @@
+"""Per-rank memory recorders: one Recorder base; exact CPU accounting and CUDA allocator/NVML backends."""

@@ -1,0 +1,156 @@
+"""Per-rank entry point, started by torchrun: init process group, build + shard, train, record.
+
+Exit codes: 0 ok, 3 out of memory (results and partial timeline written first), 1 anything else
+(torchelastic's `record` writes the error file torchrun reports as the root cause).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from bench.results.schema import EXIT_FAILED, EXIT_OK, EXIT_OOM
+from bench.run.memory.factory import make_recorder
+from bench.accounting.oom import OomEvent
+from bench.run.backends import make_backend
+from bench.planning.torchrec_adapter import quiet_libraries
+from bench.results.store import heartbeat, progress_file, timeline_file, write_rank_result
+from bench.run.launchspec import LaunchSpec, load_run_config
+from workloads.data import SyntheticBatches
+from workloads.spec import build_spec
+
+
+def log(rank: int, message: str) -> None:
+    if rank == 0:
+        print(f"[membench] {message}", flush=True)
+
+
+def train(cfg, launch: LaunchSpec, run_dir: Path, rank: int, device: torch.device, recorder) -> None:
+    spec = build_spec(cfg.workload)
+    backend = make_backend(cfg.model.backend)
+    t0 = time.perf_counter()
+    with recorder.phase(-1, "build"):
+        backend.build(cfg, spec, launch, device, rank, recorder)
+    recorder.attribute(backend.ownership())
+    if rank == 0:
+        (run_dir / "sharding_plan.json").write_text(json.dumps(backend.plan_rows, indent=2) + "\n")
+    log(rank, f"built {len(spec.tables)} tables ({backend.name} backend) in {time.perf_counter() - t0:.1f} s; "
+              f"training {cfg.workload.warmup_steps} warm-up + {cfg.workload.steps} steps")
+    batches = SyntheticBatches(spec, rank, launch.world_size)
+    total_steps = cfg.workload.warmup_steps + cfg.workload.steps
+    for step in range(total_steps):
+        with recorder.phase(step, "input"):
+            batch = backend.prepare(batches.batch(step))
+        with recorder.phase(step, "forward"):
+            loss = backend.loss(batch)
+        with recorder.phase(step, "backward"):
+            loss.backward()
+        with recorder.phase(step, "optimizer"):
+            for category, optimizer in backend.optimizers:
+                with recorder.category(category):
+                    optimizer.step()
+            if step == 0:  # grads, optimizer state and lazily built modules exist only now
+                recorder.attribute(backend.ownership())
+                backend.after_first_step(recorder, lambda message: log(rank, message))
+            for _, optimizer in backend.optimizers:
+                optimizer.zero_grad()
+        del batch, loss
+        log(rank, f"step {step + 1}/{total_steps} done")
+    recorder.finish_steps()
+
+
+def hang_once(recorder, resume) -> None:
+    """Fault drill (MEMBENCH_FAULT_HANG_RANK=<rank>): stop making progress, as a stuck rank would, until a
+    signal ends the wait; the failure path then runs normally (it must not hang again)."""
+    recorder.heartbeat = resume
+    while True:
+        time.sleep(3600)
+
+
+class Terminated(BaseException):
+    """SIGTERM from torchrun (a peer rank failed) or from the launcher's watchdog."""
+
+
+def raise_terminated(signum, frame) -> None:
+    raise Terminated(f"terminated by signal {signal.Signals(signum).name} (a peer rank failed or the run "
+                     f"was stopped)")
+
+
+def write_result(run_dir: Path, recorder, status: str, oom: OomEvent | None = None,
+                 error: str | None = None) -> None:
+    recorder.stop()
+    result = recorder.result(status)
+    result.oom = oom.to_dict() if oom else None
+    result.error = error
+    write_rank_result(run_dir, result)
+    recorder.close()
+
+
+@record
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="membench rank worker (started by torchrun)")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    quiet_libraries()
+    signal.signal(signal.SIGTERM, raise_terminated)
+    cfg, launch = load_run_config(args.run_dir)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    # the progress file also names this rank's pid, for operators (and the fault drills)
+    progress_file(args.run_dir, rank).write_text(f"{os.getpid()}\n")
+    if launch.device_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        if cfg.hardware.memory_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(cfg.hardware.memory_fraction, device)
+    else:
+        device = torch.device("cpu")
+    torch.manual_seed(cfg.workload.seed)
+    dist.init_process_group(backend=launch.dist_backend, timeout=timedelta(seconds=launch.collective_timeout_s))
+    timeline = timeline_file(args.run_dir, rank) if cfg.record.timeline else None
+    recorder = make_recorder(cfg, launch, rank, device, timeline, args.run_dir)
+    recorder.heartbeat = lambda: heartbeat(args.run_dir, rank)
+    if os.environ.get("MEMBENCH_FAULT_HANG_RANK") == str(rank):  # fault drill: this rank stops making progress
+        resume = recorder.heartbeat
+        recorder.heartbeat = lambda: hang_once(recorder, resume)
+    try:
+        recorder.start()
+        train(cfg, launch, args.run_dir, rank, device, recorder)
+    except torch.OutOfMemoryError as exc:
+        recorder.stop()
+        recorder.record_failure_row()
+        oom = OomEvent.from_exception(exc, rank, recorder.step, recorder.phase_name, recorder.failure_stats())
+        print(f"[membench] rank {rank} out of memory at step {recorder.step} ({recorder.phase_name}): "
+              f"{oom.message}", file=sys.stderr, flush=True)
+        write_result(args.run_dir, recorder, "oom", oom=oom)
+        # os._exit: the peers are blocked in a collective; a normal teardown could hang on them
+        sys.stdout.flush()
+        os._exit(EXIT_OOM)
+    except BaseException as exc:
+        recorder.stop()
+        recorder.record_failure_row()
+        write_result(args.run_dir, recorder, "failed", error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
+        if isinstance(exc, Terminated):
+            sys.stdout.flush()
+            os._exit(EXIT_FAILED)
+        raise  # torchelastic's @record turns this into the root-cause error file
+    write_result(args.run_dir, recorder, "ok")
+    dist.barrier()
+    dist.destroy_process_group()
+    # Everything is written and the group is gone: skip the interpreter's teardown of torch (about half a
+    # second per rank, on every run)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_OK)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

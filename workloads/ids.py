@@ -1,0 +1,275 @@
+"""Ids of a synthetic batch: which rows of a table its samples look up.
+
+1. ids over the table's VIRTUAL id space ``[0, virtual_rows)`` (``draw_virtual_ids``): uniform, or a
+   bounded Zipf law drawn by inverse CDF, its popularity ranks scattered over the id space by a
+   modular multiplication (``zipf_rank_to_id``) -- nothing of size ``virtual_rows`` is allocated, so
+   virtual spaces of 1e10+ rows are fine;
+2. virtual -> PHYSICAL row (``to_physical``): identity when the table is materialized in full, else a
+   splitmix64 hash modulo ``physical_rows``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from workloads.config import IdsConfig
+
+# Golden-ratio conjugate: a multiplier near phi^-1 * N spreads consecutive ranks evenly (Weyl sequence).
+_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+_INT64_MAX = 2**63 - 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Ids over the virtual id space
+# --------------------------------------------------------------------------------------------------
+
+
+ZIPF_EXACT_HEAD = 32
+_ZIPF_GUIDE_MIN, _ZIPF_GUIDE_MAX = 1024, 2**16
+
+
+@dataclass(frozen=True)
+class _ZipfTable:
+    k: int  # ranks 1..k drawn exactly (k = min(n_ranks, ZIPF_EXACT_HEAD))
+    head_mass: float  # P(rank <= k); > 1 when there is no tail (n_ranks <= k)
+    cdf: np.ndarray  # cdf[r] = P(rank <= r) for r = 0..k, then +inf (len k + 2)
+    guide: np.ndarray  # guide[j] = rank of the point j * head_mass / G (len G + 1)
+    guide_scale: float  # G / head_mass
+    corrections: int  # most cdf boundaries inside one guide bucket
+    tail_scale: float  # v * expm1(b D) = u * tail_scale + tail_shift, v = (u - H) / (1 - H)
+    tail_shift: float
+    inv_b: float  # 1 / b, or 0 for the log form (alpha == 1)
+    log_lo: float
+
+
+@lru_cache(maxsize=1024)
+def _zipf_table(alpha: float, n_ranks: int) -> _ZipfTable:
+    """Per-(alpha, n_ranks) constants of `draw_zipf_ranks` (O(ZIPF_EXACT_HEAD + guide) memory)."""
+    k = min(n_ranks, ZIPF_EXACT_HEAD)
+    head_w = np.arange(1, k + 1, dtype=np.float64) ** -alpha
+    b = 1.0 - alpha
+    lo, hi = k + 0.5, n_ranks + 0.5
+    d = math.log(hi / lo)
+    log_form = abs(b) < 1e-9
+    if n_ranks <= k:
+        tail_w = 0.0
+    elif log_form:
+        tail_w = d  # integral of x^-1 over [lo, hi]
+    else:  # integral of x^-alpha over [lo, hi] = lo^b * expm1(b d) / b
+        tail_w = lo**b * math.expm1(b * d) / b
+    total = float(head_w.sum()) + tail_w
+    cdf = np.concatenate([[0.0], np.cumsum(head_w) / total, [np.inf]])
+    # (a steep enough alpha leaves the tail no float64 mass at all: then it is never drawn)
+    has_tail = n_ranks > k and cdf[k] < 1.0
+    head_mass = float(cdf[k]) if has_tail else 2.0
+    if not has_tail:
+        cdf[k] = np.inf  # every u in [0, 1) lands at rank <= k, even after rounding in the cumsum
+    span = head_mass if has_tail else 1.0
+    # guide buckets: narrower than the smallest head probability where affordable, so one compare
+    # per draw finds the rank; else (steep alpha) as many compares as boundaries share a bucket
+    p_min = float(np.min(head_w[1:]) / total) if k > 1 else span
+    g = int(min(_ZIPF_GUIDE_MAX, max(_ZIPF_GUIDE_MIN, 2 ** math.ceil(math.log2(2 * span / p_min)))))
+    points = np.arange(g + 1, dtype=np.float64) * (span / g)
+    guide = np.searchsorted(cdf[1 : k + 1], points, side="right").astype(np.int64) + 1
+    np.minimum(guide, k, out=guide)
+    corrections = max(1, int(np.max(guide[1:] - guide[:-1])))
+    one_minus_h = 1.0 - head_mass if has_tail else 1.0
+    c = d if log_form else math.expm1(b * d)
+    return _ZipfTable(
+        k=k,
+        head_mass=head_mass,
+        cdf=cdf,
+        guide=guide,
+        guide_scale=g / span,
+        corrections=corrections,
+        tail_scale=c / one_minus_h,
+        tail_shift=-head_mass * c / one_minus_h if has_tail else 0.0,
+        inv_b=0.0 if log_form else 1.0 / b,
+        log_lo=math.log(lo),
+    )
+
+
+def _zipf_head_ranks(tab: _ZipfTable, u: np.ndarray) -> np.ndarray:
+    """Exact discrete inverse CDF over ranks 1..k for every u.
+
+    Guide-table inversion: the bucket of ``u`` gives the rank at the bucket's start, then a fixed
+    number of vectorized steps ``r += u >= cdf[r]`` (as many as the most boundaries in one bucket,
+    usually one). For ``u >= head_mass`` the result is ``k + 1`` (the caller uses the tail there).
+    """
+    j = np.multiply(u, tab.guide_scale)
+    np.minimum(j, float(len(tab.guide) - 1), out=j)
+    r = tab.guide.take(j.astype(np.int64))
+    for _ in range(tab.corrections):
+        r += u >= tab.cdf.take(r)
+    return r
+
+
+def draw_zipf_ranks(rng: np.random.Generator, alpha: float, n_ranks: int, n: int) -> np.ndarray:
+    """``n`` popularity ranks in ``[1, n_ranks]`` with ``P(k) ~ k^-alpha`` (int64), any ``alpha > 0``.
+
+    The top ``ZIPF_EXACT_HEAD`` (32) ranks get their exact discrete mass ``k^-alpha`` (guide-table
+    inverse CDF). Beyond them, inverse CDF of the continuous power law ``x^-alpha`` truncated to
+    ``[K + 0.5, n_ranks + 0.5]``, rounded to the nearest integer: rank ``k`` gets the mass of
+    ``[k - 0.5, k + 0.5]``, within ``alpha (alpha + 1) / (24 k^2)`` (< 0.05 % for k > 32 and
+    alpha <= 3) of ``k^-alpha``. With ``b = 1 - alpha``, ``D = log(hi / lo)`` and ``v`` uniform on
+    [0, 1)::
+
+        x = lo * exp(log1p(v * expm1(b * D)) / b)        (alpha != 1)
+        x = lo * exp(v * D)                              (alpha == 1, the limit b -> 0)
+
+    written with expm1/log1p so it stays accurate for alpha near 1 and for ``n_ranks`` up to 2^63.
+    Nothing of size ``n_ranks`` is allocated.
+    """
+    if not alpha > 0:
+        raise ValueError(f"zipf alpha must be > 0, got {alpha}")
+    if n_ranks < 1:
+        raise ValueError(f"zipf needs at least one rank, got {n_ranks}")
+    tab = _zipf_table(float(alpha), int(n_ranks))
+    u = rng.random(n)
+    head = _zipf_head_ranks(tab, u)
+    if tab.head_mass > 1.0:  # n_ranks <= K: no tail
+        return head
+    # tail, for every u (the head's u are overwritten below): w = v * expm1(b D) with v clipped at 0
+    x = np.multiply(u, tab.tail_scale)
+    x += tab.tail_shift
+    if tab.tail_scale >= 0:
+        np.maximum(x, 0.0, out=x)
+    else:
+        np.minimum(x, 0.0, out=x)
+    if tab.inv_b != 0.0:  # (the log form needs nothing more: x is already v * D)
+        np.log1p(x, out=x)
+        x *= tab.inv_b
+    x += tab.log_lo
+    np.exp(x, out=x)
+    np.rint(x, out=x)
+    # float64 rounding near the ends (n_ranks ~ 1e10+) can land one outside the range
+    np.clip(x, float(tab.k + 1), float(n_ranks), out=x)
+    r = x.astype(np.int64)
+    np.copyto(r, head, where=u < tab.head_mass)
+    return r
+
+
+_MULMOD_FLOAT_MAX_N = 2**50
+
+
+@lru_cache(maxsize=4096)
+def zipf_multiplier(n: int) -> int:
+    """Multiplier ``m`` coprime to ``n`` used by ``zipf_rank_to_id``.
+
+    The largest value coprime to ``n`` at or below ``phi^-1 * n`` (consecutive ranks land ~0.618 n
+    apart, a Weyl sequence), so ``k -> (k - 1) * m mod n`` is a bijection of ``[1, n]`` onto
+    ``[0, n)``. For ``n > 2^50`` (beyond the exact float-assisted mulmod) it is capped at
+    ``(2^63 - 1) // n`` so the plain int64 product is exact.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if n <= 2:
+        return 1
+    m = max(1, int(_GOLDEN * n))
+    if n > _MULMOD_FLOAT_MAX_N:
+        m = max(1, min(m, _INT64_MAX // n))
+    while math.gcd(m, n) != 1:
+        m -= 1  # m = 1 is always coprime, so this terminates
+    return m
+
+
+def mulmod(a: np.ndarray, m: int, n: int) -> np.ndarray:
+    """Exact ``(a * m) mod n`` elementwise for int64 ``0 <= a < n``, ``0 <= m < n``.
+
+    ``a * m < 2^63``: plain int64. Else (``n <= 2^50``): the quotient ``q = floor(a * (m / n))`` from
+    float64 is within 1 of the true one (relative error ~2^-52 on a value < 2^50), the remainder
+    ``a * m - q * n`` is computed exactly in wrapping 64-bit arithmetic, lands in ``[-n, 2n)``; adding
+    ``n`` and one unsigned ``np.remainder`` bring it to ``[0, n)``.
+    """
+    a = np.asarray(a, dtype=np.int64)
+    if m * n <= _INT64_MAX:
+        out = a * m
+        u = out.view(np.uint64)  # non-negative: the unsigned remainder is the same, and faster
+        np.remainder(u, np.uint64(n), out=u)
+        return out
+    if n > _MULMOD_FLOAT_MAX_N:
+        raise ValueError(f"mulmod supports n <= 2^50 when m * n >= 2^63, got n={n}")
+    q = a.astype(np.float64)
+    np.multiply(q, m / n, out=q)
+    np.floor(q, out=q)
+    qi = q.astype(np.int64)
+    # array (not scalar) integer ops wrap silently modulo 2^64
+    r = a.view(np.uint64) * np.uint64(m)
+    r -= qi.view(np.uint64) * np.uint64(n)
+    r += np.uint64(n)  # a * m - q * n + n in [0, 3n): unsigned from here
+    np.remainder(r, np.uint64(n), out=r)
+    return r.view(np.int64)
+
+
+def zipf_rank_to_id(ranks: np.ndarray, n: int) -> np.ndarray:
+    """Bijective rank -> id map ``[1, n] -> [0, n)``: ``(k - 1) * zipf_multiplier(n) mod n``.
+
+    Hot ranks are scattered over the whole id space instead of all sitting at its start; no table of
+    size ``n`` is built (it is a permutation in closed form).
+    """
+    n = int(n)
+    m = zipf_multiplier(n)
+    ids = np.subtract(ranks, 1, dtype=np.int64)
+    if m == 1:
+        return ids
+    return mulmod(ids, m, n)
+
+
+def draw_virtual_ids(rng: np.random.Generator, ids_cfg: IdsConfig, virtual_rows: int, n: int) -> np.ndarray:
+    """``n`` ids in ``[0, virtual_rows)`` (int64): ``uniform``, or ``zipf`` with ``ids_cfg.zipf_alpha``."""
+    virtual_rows = int(virtual_rows)
+    if virtual_rows < 1:
+        raise ValueError(f"virtual_rows must be >= 1, got {virtual_rows}")
+    dist = ids_cfg.distribution
+    if dist == "uniform":
+        return rng.integers(0, virtual_rows, size=n, dtype=np.int64)
+    if dist == "zipf":
+        ranks = draw_zipf_ranks(rng, float(ids_cfg.zipf_alpha), virtual_rows, n)
+        return zipf_rank_to_id(ranks, virtual_rows)
+    raise ValueError(f"unknown ids distribution {dist!r} (uniform | zipf)")
+
+
+# --------------------------------------------------------------------------------------------------
+# Virtual -> physical rows
+# --------------------------------------------------------------------------------------------------
+
+_SM_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_SM_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_SM_M2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 output function (Steele et al.) on uint64, elementwise; wraps modulo 2^64."""
+    z = np.asarray(x).astype(np.uint64)  # a copy; int64 -> uint64 keeps the bits (ids are >= 0)
+    # array (not scalar) integer ops wrap silently in numpy, which is what the hash wants
+    z += _SM_GAMMA
+    z ^= z >> _S30
+    z *= _SM_M1
+    z ^= z >> _S27
+    z *= _SM_M2
+    z ^= z >> _S31
+    return z
+
+
+def to_physical(virtual_ids: np.ndarray, virtual_rows: int, physical_rows: int) -> np.ndarray:
+    """Map virtual ids to physical rows in ``[0, physical_rows)`` (int64).
+
+    Identity when ``physical_rows == virtual_rows`` (table materialized in full), else
+    ``splitmix64(id) mod physical_rows``. ``physical_rows == 0`` means the table is not materialized
+    (``materialize=plan_only``): there is no row to look up, so this raises ``ValueError``.
+    """
+    physical_rows = int(physical_rows)
+    if physical_rows <= 0:
+        raise ValueError(
+            f"table has physical_rows={physical_rows}: it is not materialized (materialize=plan_only?), "
+            "so ids cannot be mapped to rows; synthetic batches need materialize=full or scaled"
+        )
+    if physical_rows == int(virtual_rows):
+        return np.asarray(virtual_ids, dtype=np.int64)
+    h = splitmix64(virtual_ids)
+    h %= np.uint64(physical_rows)
+    return h.astype(np.int64)
