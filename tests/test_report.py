@@ -14,7 +14,9 @@ import pytest
 import yaml
 
 from bench import report
-from bench.results import CATEGORIES, JobStats, RankResult, RunSummary, job_stats, load_summary, write_summary
+from bench.report import loading
+from bench.results.schema import CATEGORIES, JobStats, RankResult, RunSummary, job_stats
+from bench.results.store import load_summary, write_summary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024**2
@@ -320,7 +322,7 @@ def test_missing_and_unreadable_directory(tmp_path, capsys, monkeypatch):
             raise PermissionError(13, "Permission denied", str(path))
         return real_listdir(path)
 
-    monkeypatch.setattr(report.os, "listdir", listdir)
+    monkeypatch.setattr(loading.os, "listdir", listdir)
     code, _, err = run_report(capsys, locked)
     assert code == 2 and "cannot read" in one_line_error(err) and "Permission denied" in err
 

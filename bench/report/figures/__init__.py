@@ -1,0 +1,28 @@
+"""The report's figures in report order. Each builder draws its figure files and returns the section of
+report.md that embeds them, or says why it was skipped."""
+from __future__ import annotations
+
+from typing import Callable, List, Tuple
+
+from bench.report.figures.breakdown import figure_breakdown
+from bench.report.figures.estimate import figure_estimate
+from bench.report.figures.frontier import figure_frontier
+from bench.report.figures.imbalance import figure_imbalance
+from bench.report.figures.plan import figure_plan
+from bench.report.figures.timeline import figure_timeline
+from bench.report.figures.utilization import figure_utilization
+from bench.report.loading import Run, Sweep
+from bench.report.markdown import Section
+from bench.report.style import Plotter
+
+Builder = Callable[[Plotter, List[Run], List[Sweep]], Section]
+
+FIGURES: Tuple[Tuple[str, Builder], ...] = (
+    ("memory timelines", lambda plot, runs, sweeps: figure_timeline(plot, runs)),
+    ("breakdown at peak", lambda plot, runs, sweeps: figure_breakdown(plot, runs)),
+    ("utilization CDF", lambda plot, runs, sweeps: figure_utilization(plot, runs)),
+    ("imbalance", lambda plot, runs, sweeps: figure_imbalance(plot, runs)),
+    ("OOM frontier", figure_frontier),
+    ("estimated vs measured", lambda plot, runs, sweeps: figure_estimate(plot, runs)),
+    ("plan mode at scale", lambda plot, runs, sweeps: figure_plan(plot, runs)),
+)
