@@ -1,4 +1,4 @@
-"""The one place membench touches torchrec's planner (and silences torchrec's noise).
+"""The one place membench touches torchrec's planner and private state (and silences torchrec's noise).
 
 What the planner chose is captured through its public `Stats.log(...)` hook (`PlanCapture`: the best
 plan's sharding options with their estimated storage, the storage reservation, the number of
@@ -6,7 +6,8 @@ proposals), not read from private planner attributes. Two reads of private state
 one function here: the storage reservation's dense / KJT estimates (`_reserved_dense_and_kjt`, torchrec's
 own per-rank estimate needs them and exposes no public accessor) and the numbers inside an
 INSUFFICIENT_STORAGE message (`_planner_error_storage`: torchrec's `PlannerError` carries its type but
-not the bytes). Planner failures come back as a typed `PlacementError`.
+not the bytes). Planner failures come back as a typed `PlacementError`. At run time, the sharded
+model's all-to-all modules are found here too (`comm_modules`, private attributes).
 
 torchrec is imported inside the functions, so importing this module never loads torchrec (the native
 backend must run without it). No GPU or process group is needed to plan, even for
@@ -21,7 +22,7 @@ import re
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from bench.planning.types import Placement, PlacementError, Shard, capacity_error
 from workloads.spec import WorkloadSpec
@@ -342,3 +343,22 @@ def place_torchrec(spec: WorkloadSpec, world_size: int, capacity_bytes: int, *, 
             "capacity_bytes": int(capacity_bytes), "local_world_size": local_world_size,
             "ddr_cap_bytes": int(ddr_cap_bytes), "compute_device": compute_device}
     return _placement_from_capture(spec, capture, world_size, time.perf_counter() - start, info)
+
+
+# -- the sharded model at run time -------------------------------------------------------------------
+DIST_ATTRIBUTES = ("_input_dists", "_output_dists")
+
+
+def comm_modules(model) -> Iterable:
+    """torchrec's input/output distribution modules (all-to-all of ids and pooled embeddings).
+
+    Sharded collections keep them in plain lists (private, created in the first forward), so
+    `model.modules()` does not reach them; this is the one place that knows where they live.
+    """
+    import torch
+
+    for module in model.modules():
+        for attribute in DIST_ATTRIBUTES:
+            for dist_module in getattr(module, attribute, None) or []:
+                if isinstance(dist_module, torch.nn.Module):
+                    yield dist_module

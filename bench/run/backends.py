@@ -8,7 +8,8 @@ from typing import Callable, Dict, List, Protocol, Tuple
 import torch
 import torch.distributed as dist
 
-from bench.run.memory.ownership import comm_modules, local_tensors, optimizer_state_tensors, torchrec_ownership
+from bench.planning.torchrec_adapter import comm_modules
+from bench.run.memory.ownership import local_tensors, optimizer_state_tensors, torchrec_ownership
 from bench.run.memory.recorder import MemoryRecorder
 
 

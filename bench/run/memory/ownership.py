@@ -1,11 +1,11 @@
 """Who owns which tensors in a sharded torchrec model: the static part of the breakdown.
 
-Uses public torchrec surfaces where they exist (state_dict shards, fused_optimizer state); the comm
-modules are found by class so that buffers they allocate are charged to `comm_buffers`.
+Uses public torchrec surfaces (state_dict shards, fused_optimizer state); the comm modules, whose
+buffers are charged to `comm_buffers`, are found by the torchrec adapter (private attributes).
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, Iterator, List
+from typing import Dict, Iterator, List
 
 import torch
 from torch import nn
@@ -61,19 +61,3 @@ def torchrec_ownership(model: nn.Module, dense_optimizer) -> Dict[str, List[torc
         category = "embedding_optimizer" if EMBEDDING_MODULE_KEY in str(name) else "dense_optimizer"
         owned[category].extend(_state_tensors(per_param))
     return owned
-
-
-DIST_ATTRIBUTES = ("_input_dists", "_output_dists")
-
-
-def comm_modules(model: nn.Module) -> Iterable[nn.Module]:
-    """torchrec's input/output distribution modules (all-to-all of ids and pooled embeddings).
-
-    Sharded collections keep them in plain lists (private, created in the first forward), so
-    `model.modules()` does not reach them; this is the one place that knows where they live.
-    """
-    for module in model.modules():
-        for attribute in DIST_ATTRIBUTES:
-            for dist_module in getattr(module, attribute, None) or []:
-                if isinstance(dist_module, nn.Module):
-                    yield dist_module
