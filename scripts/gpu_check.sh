@@ -1,30 +1,42 @@
 #!/usr/bin/env bash
-# Validate membench's CUDA recording backend on a GPU machine in one command, with stock PyTorch only
-# (no torchrec/fbgemm needed). Prints one line per check; exits non-zero if any fails.
+# Validate membench's CUDA path on a GPU host in one command, with the host's own torch (never touched):
+# PASS / FAIL / SKIP per check, all of them in DIR/gpu_check.json (bench/apps/gpu_check.py says what each
+# check proves). About 4 minutes on one H200; stops by 8.
 #
-#   scripts/gpu_check.sh            # on a machine with a CUDA GPU and torch installed
-#   scripts/gpu_check.sh --dry-run  # on any machine: CUDA/NVML calls replaced by fakes (CI runs this)
+#   scripts/gpu_check.sh --out DIR      # on the GPU host; its pure-Python needs come from .wheels/ (made by
+#                                       # scripts/gpu_wheels.sh where pip works) into .gpu-venv, offline
+#   scripts/gpu_check.sh --dry-run      # on any machine: the same flow on CPU, CUDA/NVML replaced by fakes
 #
-# Needs: a python with torch (PYTHON=..., default python3) and, for NVML, the nvidia-ml-py wheel: if
-# `pynvml` is missing it is installed from PyPI, or from ./.gpu-wheels/ on machines without a network
-# (fill it beforehand with: pip download --no-deps -d .gpu-wheels nvidia-ml-py).
+# Without a GPU (and without --dry-run) it says so in one line and exits 2. PYTHON=... picks the python
+# whose torch to use (default python3).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-python_bin="${PYTHON:-python3}"
 if [[ "${1:-}" == "--dry-run" ]]; then
   shift
   bash "$repo_root/scripts/install.sh" >/dev/null
   python_bin="${MEMBENCH_VENV:-$repo_root/.venv}/bin/python"
-  exec env PYTHONPATH="$repo_root" timeout 300 "$python_bin" -m bench.apps.gpu_check --dry-run \
+  exec env PYTHONPATH="$repo_root" timeout 480 "$python_bin" -m bench.apps.gpu_check --dry-run \
     --width 512 --batch 256 --steps 6 "$@"
 fi
-if ! "$python_bin" -c "import pynvml" 2>/dev/null; then
-  if [[ -d "$repo_root/.gpu-wheels" ]]; then
-    "$python_bin" -m pip install -q --no-index --find-links "$repo_root/.gpu-wheels" nvidia-ml-py
+system_python="${PYTHON:-python3}"
+if ! "$system_python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu check: no CUDA device visible to $system_python's torch here; run it on a GPU host (or --dry-run)" >&2
+  exit 2
+fi
+# A venv over the system's packages: torch stays the host's, what is missing goes into .gpu-venv only
+venv="$repo_root/.gpu-venv"
+[[ -x "$venv/bin/python" ]] || "$system_python" -m venv --system-site-packages "$venv"
+python_bin="$venv/bin/python"
+needed=(hydra-core omegaconf antlr4-python3-runtime hydra-submitit-launcher submitit nvidia-ml-py)
+if ! "$python_bin" -c "import hydra, omegaconf, submitit, pynvml, hydra_plugins.hydra_submitit_launcher" 2>/dev/null; then
+  if [[ -d "$repo_root/.wheels" ]]; then
+    "$python_bin" -m pip install -q --no-index --no-deps --find-links "$repo_root/.wheels" "${needed[@]}"
   else
-    "$python_bin" -m pip install -q nvidia-ml-py || echo "[gpu_check] nvidia-ml-py not installed: NVML checks will fail"
+    "$python_bin" -m pip install -q --no-deps "${needed[@]}" || {
+      echo "gpu check: hydra-core and friends are missing and there is no .wheels/; run scripts/gpu_wheels.sh" \
+        "where pip works and bring .wheels/ along" >&2; exit 2; }
   fi
 fi
-"$python_bin" -c "import torch; print(f'[gpu_check] torch {torch.__version__}, cuda {torch.version.cuda}, ' \
+"$python_bin" -c "import torch; print(f'[gpu_check] torch {torch.__version__}, CUDA {torch.version.cuda}, ' \
   f'{torch.cuda.device_count()} GPU(s)')"
-exec env PYTHONPATH="$repo_root" timeout 300 "$python_bin" -m bench.apps.gpu_check "$@"
+exec env PYTHONPATH="$repo_root" timeout 480 "$python_bin" -m bench.apps.gpu_check "$@"

@@ -55,6 +55,7 @@ def test_parse_memory_stats_reads_all_pool_counters() -> None:
         active_bytes=3 * GiB + 10 * MiB,
         peak_active_bytes=5 * GiB + 10 * MiB,
         inactive_split_bytes=200 * MiB,
+        peak_inactive_split_bytes=700 * MiB,
         num_alloc_retries=2,
         num_ooms=1,
     )
@@ -62,7 +63,8 @@ def test_parse_memory_stats_reads_all_pool_counters() -> None:
     assert as_dict["peak_reserved_bytes"] == 6 * GiB
     assert set(as_dict) == {
         "allocated_bytes", "peak_allocated_bytes", "reserved_bytes", "peak_reserved_bytes",
-        "active_bytes", "peak_active_bytes", "inactive_split_bytes", "num_alloc_retries", "num_ooms",
+        "active_bytes", "peak_active_bytes", "inactive_split_bytes", "peak_inactive_split_bytes",
+        "num_alloc_retries", "num_ooms",
     }
     assert all(type(v) is int for v in as_dict.values())
     json.dumps(as_dict)
@@ -227,9 +229,12 @@ class FakeNvml:
     class NVMLError(Exception):
         pass
 
-    def __init__(self, used: list[int] | None = None, total: int = 80 * GiB) -> None:
+    nvmlMemory_v2 = 0x02000028  # pynvml's version tag of c_nvmlMemory_v2_t
+
+    def __init__(self, used: list[int] | None = None, total: int = 80 * GiB, driver_reserved: int = 0) -> None:
         self.used = list(used or [GiB])
         self.total = total
+        self.driver_reserved = driver_reserved  # v2 reports it apart; v1's `used` includes it
         self.calls: list[str] = []
         self.init_error: str | None = None
         self.handle_error: str | None = None
@@ -257,7 +262,7 @@ class FakeNvml:
             raise self.NVMLError(self.handle_error)
         return ("handle", index)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
         assert handle[0] == "handle"
         with self._lock:
             if self.memory_errors:
@@ -265,7 +270,12 @@ class FakeNvml:
                 raise self.NVMLError("GPU is lost")
             used = self.used[min(self._i, len(self.used) - 1)]
             self._i += 1
-        return SimpleNamespace(used=used, total=self.total, free=self.total - used)
+        if version is None:  # c_nvmlMemory_t
+            used += self.driver_reserved
+            return SimpleNamespace(used=used, total=self.total, free=self.total - used)
+        assert version == self.nvmlMemory_v2  # c_nvmlMemory_v2_t
+        return SimpleNamespace(version=version, total=self.total, reserved=self.driver_reserved,
+                               free=self.total - used - self.driver_reserved, used=used)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         if self.process_error:
@@ -331,7 +341,7 @@ def test_sample_now_and_peak_with_injected_clock() -> None:
     with sampler:
         for _ in range(3):
             sampler.sample_now()
-        assert sampler.latest() == NvmlSample(3.0, 4 * GiB, 80 * GiB, 900 * MiB, 87)
+        assert sampler.latest() == NvmlSample(3.0, 4 * GiB, 80 * GiB, 900 * MiB, 87, device_reserved_bytes=0)
     assert [s.time_s for s in sampler.samples] == [0.0, 1.0, 2.0, 3.0]
     assert sampler.peak_device_used_bytes == 5 * GiB
     assert fake.calls[-1] == "shutdown"
@@ -405,12 +415,29 @@ def test_constructor_rejects_non_positive_interval() -> None:
 
 
 def test_fake_matches_real_pynvml() -> None:
+    import inspect
+
     pynvml = pytest.importorskip("pynvml")
-    called = [name for name in vars(FakeNvml) if name.startswith("nvml")]
-    assert len(called) == 6
-    for name in called:
+    functions = [name for name in vars(FakeNvml) if name.startswith("nvmlDevice") or name in ("nvmlInit",
+                                                                                                 "nvmlShutdown")]
+    assert len(functions) == 6
+    for name in functions:
         assert callable(getattr(pynvml, name)), name
+        real = list(inspect.signature(getattr(pynvml, name)).parameters)
+        fake = list(inspect.signature(getattr(FakeNvml(), name)).parameters)
+        assert fake == real, (name, fake, real)
     assert issubclass(pynvml.NVMLError, Exception)
+    # the structs the fake returns, field for field
+    assert FakeNvml.nvmlMemory_v2 == pynvml.nvmlMemory_v2
+    fake = FakeNvml()
+    v2 = fake.nvmlDeviceGetMemoryInfo(("handle", 0), version=pynvml.nvmlMemory_v2)
+    assert set(vars(v2)) == {name for name, _ in pynvml.c_nvmlMemory_v2_t._fields_}
+    v1 = fake.nvmlDeviceGetMemoryInfo(("handle", 0))
+    assert set(vars(v1)) == {name for name, _ in pynvml.c_nvmlMemory_t._fields_}
+    assert {"pid", "usedGpuMemory"} <= {name for name, _ in pynvml.c_nvmlProcessInfo_v3_t._fields_}
+    assert set(vars(fake.processes[0])) <= {name for name, _ in pynvml.c_nvmlProcessInfo_v3_t._fields_}
+    # a driver without the v2 call raises this class (what NvmlSampler falls back to v1 on)
+    assert pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND).__class__.__name__ == "NVMLError_FunctionNotFound"
 
 
 def test_real_pynvml_start_fails_cleanly_or_samples() -> None:
@@ -455,7 +482,7 @@ def test_snapshot_functions_call_backend_with_right_args(tmp_path: Any) -> None:
     with open(written, "rb") as f:
         assert "segments" in pickle.load(f)
     assert backend.calls == [
-        ("_record_memory_history", {"enabled": "all", "max_entries": 100_000}),
+        ("_record_memory_history", {"enabled": "all", "stacks": "python", "max_entries": 100_000}),
         ("_dump_snapshot", {"filename": str(target)}),
         ("_record_memory_history", {"enabled": None}),
     ]

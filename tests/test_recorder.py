@@ -102,6 +102,9 @@ class FakeSampler:
     def sample_now(self):
         return NvmlSample(0.0, self.used, 80 << 30, None, None)
 
+    def take_window_peak(self):  # no background thread here: the phase-end reading is the window
+        return None
+
 
 class FakeSnapshots:
     def __init__(self):
@@ -131,7 +134,7 @@ def test_cuda_recorder_breakdown_from_stats_and_nvml(tmp_path):
     sampler, snapshots = FakeSampler(used=60 << 20), FakeSnapshots()
     recorder = CudaRecorder(0, torch.device("cuda", 0), 80 << 30, tmp_path / "t.csv", warmup_steps=0,
                             read_stats=read_stats, reset_peaks=resets.append, sampler=sampler,
-                            snapshot_dir=tmp_path, snapshots=snapshots)
+                            snapshot_dir=tmp_path, snapshots=snapshots, synchronize=lambda d: None)
     recorder._static_bytes = {"embedding_weights": 8 << 20, "dense_params": 1 << 20}
     with recorder.phase(-1, "build"):
         pass
@@ -141,12 +144,15 @@ def test_cuda_recorder_breakdown_from_stats_and_nvml(tmp_path):
     result = recorder.result("ok")
     recorder.close()
     assert len(resets) == 4  # peak counters reset at every phase
-    assert result.peak_bytes == 60 << 20  # NVML device used is the measure
-    assert result.peak_allocated_bytes == 30 << 20 and result.peak_reserved_bytes == 34 << 20
-    assert (result.peak_step, result.peak_phase) == (0, "forward")
-    assert result.breakdown["activations"] == (30 - 9) << 20
-    assert result.breakdown["allocator_overhead"] == (34 - 30) << 20
-    assert result.breakdown["non_torch"] == (60 - 34) << 20
+    # NVML's used is flat (steady state): the phase where the allocator peaks is the peak, not the first one
+    assert result.peak_allocated_bytes == 40 << 20 and result.peak_reserved_bytes == 48 << 20
+    assert (result.peak_step, result.peak_phase) == (0, "backward")
+    # NVML is the measure: 60 MiB used at the end of backward with 40 reserved, so 20 MiB outside the
+    # allocator; when reserved peaked at 48 MiB inside the phase, the process held 48 + 20
+    assert result.peak_bytes == 68 << 20
+    assert result.breakdown["activations"] == (40 - 9) << 20
+    assert result.breakdown["allocator_overhead"] == (48 - 40) << 20
+    assert result.breakdown["non_torch"] == 20 << 20
     assert sum(result.breakdown.values()) == result.peak_bytes
     assert sampler.started and sampler.stopped
     assert snapshots.calls[0] == ("start", 100_000)
@@ -161,4 +167,6 @@ def test_cuda_failure_stats_dump_an_oom_snapshot(tmp_path):
                             snapshots=snapshots)
     stats = recorder.failure_stats()
     assert stats["num_ooms"] == 1 and stats["allocated_bytes"] == 5
+    assert not any(call[0] == "dump" for call in snapshots.calls)  # not before the rank's result is written
+    recorder.close()
     assert ("dump", str(tmp_path / "oom_rank1.pickle")) in snapshots.calls

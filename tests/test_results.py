@@ -34,9 +34,37 @@ def test_unknown_schema_version_is_one_line(tmp_path):
     data = asdict(summary())
     data["schema_version"] = SCHEMA_VERSION + 1
     (tmp_path / "summary.json").write_text(json.dumps(data))
-    with pytest.raises(ResultsError, match="schema_version 2 is not supported") as info:
+    with pytest.raises(ResultsError, match=f"schema_version {SCHEMA_VERSION + 1} is not supported") as info:
         load_summary(tmp_path)
     assert "\n" not in str(info.value)
+
+
+def test_version_1_summaries_are_still_read(tmp_path):
+    """Version 2 added the CUDA allocator fields and the rank-peak percentiles; older summaries read them
+    as unknown (None)."""
+    data = asdict(summary(per_rank=[rank(0, 100)], job=JobStats(steps=2)))
+    data["schema_version"] = 1
+    for key in ("allocator",):
+        del data[key]
+    for key in ("peak_bytes_p10", "peak_bytes_p50", "peak_bytes_p90"):
+        del data["job"][key]
+    del data["per_rank"][0]["allocator"]
+    (tmp_path / "summary.json").write_text(json.dumps(data))
+    loaded = load_summary(tmp_path)
+    assert loaded.schema_version == 1 and loaded.allocator is None and loaded.job.peak_bytes_p50 is None
+
+
+def test_rank_peak_percentiles_interpolate_like_numpy():
+    import numpy as np
+
+    from bench.results.schema import percentile
+
+    for values in ([5], [1, 9], [3, 1, 4, 1, 5, 9, 2, 6]):
+        for q in (10, 50, 90):
+            assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    assert percentile([], 50) is None
+    stats = job_stats([rank(0, 100), rank(1, 300)], batch_size=1, warmup_steps=0)
+    assert (stats.peak_bytes_p10, stats.peak_bytes_p50, stats.peak_bytes_p90) == (120, 200, 280)
 
 
 @pytest.mark.parametrize("content", ["{not json", "", "[]"])

@@ -216,7 +216,8 @@ class NativeDLRM(nn.Module):
             send_values.extend(values)
             value_counts.append(sum(int(v.numel()) for v in values))
         with self.comm_scope():
-            counts = torch.tensor(value_counts, dtype=torch.int64)
+            # on the model's device: a group made for nccl has no backend for CPU tensors
+            counts = torch.tensor(value_counts, dtype=torch.int64, device=self.device)
             received_counts = torch.empty_like(counts)
             dist.all_to_all_single(received_counts, counts, group=self.group)
             local_tables = len(self.local)

@@ -114,3 +114,18 @@ class OomEvent:
             stats={str(k): int(v) for k, v in (data.get("stats") or {}).items()},
             snapshot_path=data.get("snapshot_path"),
         )
+
+
+# Memory failures that do not come from the caching allocator, so do not raise torch.OutOfMemoryError:
+# NCCL's own buffers (DistBackendError "... Cuda failure 'out of memory'"), cuBLAS's workspace
+# (CUBLAS_STATUS_ALLOC_FAILED), fbgemm's managed (UVM) tables (cudaMallocManaged: cudaErrorMemoryAllocation).
+MEMORY_FAILURE_MARKERS = ("out of memory", "cuda_error_out_of_memory", "cudaerrormemoryallocation",
+                          "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
+
+
+def is_memory_failure(exc: BaseException) -> bool:
+    """Did this exception come from running out of device memory, whatever raised it?"""
+    if any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__):
+        return True
+    text = str(exc).lower()
+    return any(marker in text for marker in MEMORY_FAILURE_MARKERS)

@@ -15,7 +15,7 @@ def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[st
     """Plan on the meta device exactly as the workers will, then predict per-rank peaks."""
     import torch
 
-    from bench.planning.estimate import DryRunModel, predict, shares_from_plan
+    from bench.planning.estimate import DryRunModel, add_device_overheads, predict, shares_from_plan
     from bench.planning.torchrec_adapter import describe_plan, make_sharding_plan, torchrec_rank_estimates
     from workloads.model import build_model
     from workloads.spec import build_spec
@@ -30,7 +30,8 @@ def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[st
         dry_run = DryRunModel(spec)
     calibration = load_calibration(calibration_dir, calibration_key(launch.device_type, cfg.hardware.name))
     shares = shares_from_plan(describe_plan(plan), spec, launch.world_size)
-    predictions = predict(spec, shares, calibration.coefficients, dry_run)
+    predictions = [add_device_overheads(p, launch.device_type)
+                   for p in predict(spec, shares, calibration.coefficients, dry_run)]
     return {
         "calibration": calibration.source,
         "per_rank_peak": [p.total_bytes for p in predictions],

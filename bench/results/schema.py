@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# what load_summary still reads: 1 lacks the allocator, CUDA and rank-percentile fields (they read as None)
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 
 class Status(str, Enum):
@@ -85,6 +87,10 @@ class RankResult:
     recorder: str = ""
     oom: Optional[Dict[str, Any]] = None
     error: Optional[str] = None
+    # CUDA: the caching allocator's counters (num_alloc_retries, num_ooms: over the run;
+    # inactive_split_bytes and peak_inactive_split_bytes: in the peak phase, i.e. fragmentation) and the
+    # bytes of tables in managed (UVM) memory, which the allocator does not hold
+    allocator: Optional[Dict[str, int]] = None
 
 
 @dataclass
@@ -96,6 +102,10 @@ class JobStats:
     steps: int = 0
     step_time_ms_p50: Optional[float] = None
     samples_per_s: Optional[float] = None
+    # rank peaks across the ranks that finished (linear interpolation, as numpy.percentile)
+    peak_bytes_p10: Optional[float] = None
+    peak_bytes_p50: Optional[float] = None
+    peak_bytes_p90: Optional[float] = None
 
 
 @dataclass
@@ -121,6 +131,8 @@ class RunSummary:
     sharding_plan: List[Dict[str, Any]] = field(default_factory=list)
     estimate: Optional[Dict[str, Any]] = None
     sweep_id: Optional[str] = None
+    # CUDA runs: the allocator configuration the ranks ran with (PYTORCH_CUDA_ALLOC_CONF, parsed)
+    allocator: Optional[Dict[str, Any]] = None
     schema_version: int = SCHEMA_VERSION
 
 
@@ -142,7 +154,20 @@ def job_stats(ranks: List[RankResult], batch_size: int, warmup_steps: int) -> Jo
         steps=len(per_step),
         step_time_ms_p50=p50 * 1e3 if p50 else None,
         samples_per_s=batch_size * len(measured) / p50 if p50 else None,
+        peak_bytes_p10=percentile(peaks, 10), peak_bytes_p50=percentile(peaks, 50),
+        peak_bytes_p90=percentile(peaks, 90),
     )
+
+
+def percentile(values: List[float], q: float) -> Optional[float]:
+    """The q-th percentile with linear interpolation between closest ranks (numpy.percentile's default)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def complete_breakdown(peak_bytes: int, parts: Dict[str, int]) -> Dict[str, int]:

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List
 
-from bench.results.schema import SCHEMA_VERSION, JobStats, RankResult, RunSummary
+from bench.results.schema import READABLE_SCHEMA_VERSIONS, JobStats, RankResult, RunSummary
 
 SWEEP_INDEX = "sweep.json"
 
@@ -96,9 +96,9 @@ def load_summary(path: Path) -> RunSummary:
         path = path / "summary.json"
     data = read_json_object(path)
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_SCHEMA_VERSIONS:
         raise ResultsError(f"{path}: schema_version {version!r} is not supported (this membench reads "
-                           f"{SCHEMA_VERSION}); re-run the workload with this version")
+                           f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}); re-run the workload with this version")
     try:
         ranks = [RankResult(**rank) for rank in data.pop("per_rank", [])]
         job = JobStats(**data.pop("job", {}))

@@ -36,7 +36,7 @@ def execute_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[s
 
     cfg = with_changes(cfg, run_id=run_id)
     try:
-        launch = resolve_launch(cfg, visible_cuda_devices(cfg))
+        launch = resolve_launch(cfg, *visible_cuda_devices(cfg))
         cfg = resolve_run(cfg, launch)
         validate_run(cfg, launch)
     except ConfigError as err:

@@ -264,6 +264,7 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
         cfg, run_id=run_id, status=status, world_size=launch.world_size, device_type=launch.device_type,
         device_name=device_name(launch), started_at=started_at, wall_s=round(outcome.wall_s, 3),
         error=failure_reason(status, outcome, ranks, problems, cfg), sweep_id=sweep_id,
+        **cuda_environment(launch),
         oom_ranks=sorted(r.rank for r in ranks if r.status == "oom"),
         per_rank=sorted(ranks, key=lambda r: r.rank),
         job=job_stats(ranks, cfg.workload.batch_size, cfg.workload.warmup_steps),
@@ -286,6 +287,15 @@ def write_interrupted(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id:
         cfg, run_id=run_id, status=Status.FAILED, world_size=launch.world_size, device_type=launch.device_type,
         device_name=device_name(launch), started_at=started_at, sweep_id=sweep_id, per_rank=ranks,
         error="interrupted (Ctrl-C); the torchrun agents and every rank were ended"))
+
+
+def cuda_environment(launch: LaunchSpec) -> dict:
+    """What a CUDA run ran with, for its summary: the allocator configuration, CUDA / NCCL / driver versions."""
+    if launch.device_type != "cuda":
+        return {}
+    from bench.run.memory.cuda_env import allocator_config, cuda_versions
+
+    return {"allocator": allocator_config(), "extra_versions": cuda_versions()}
 
 
 def read_plan(run_dir: Path) -> list:

@@ -44,7 +44,7 @@ class LaunchSpec:
     world_size: int
     ranks_per_node: int
     nodes: int
-    # per rank; 0 on cuda means "the device's total memory", read by the worker
+    # per rank: the emulated capacity on CPU, the device's (capped) memory on CUDA
     capacity_bytes: int
     collective_timeout_s: int
     # multi-node: where the c10d rendezvous lives, and which node agents this machine starts
@@ -62,10 +62,15 @@ def cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def visible_cuda_devices(cfg: RunConfig) -> int:
-    """CUDA devices torch sees, asked only when the config can use them (importing torch costs the
-    launching process about 1.5 s, on every CPU run otherwise)."""
-    return 0 if cfg.hardware.device == "cpu" else cuda_device_count()
+def visible_cuda_devices(cfg: RunConfig) -> Tuple[int, Optional[int]]:
+    """(CUDA devices torch sees, the smallest one's total memory), asked only when the config can use them
+    (importing torch costs the launching process about 1.5 s, on every CPU run otherwise)."""
+    if cfg.hardware.device == "cpu":
+        return 0, None
+    from bench.run.memory.nvml import cuda_device_memory_bytes
+
+    count = cuda_device_count()
+    return count, (cuda_device_memory_bytes(count) if count else None)
 
 
 def _device_type(device: str, visible_cuda: Optional[int]) -> str:
@@ -80,9 +85,24 @@ def _device_type(device: str, visible_cuda: Optional[int]) -> str:
     return device_type
 
 
-def resolve_target(cfg: RunConfig, visible_cuda: Optional[int]) -> PlanTarget:
+def capacity_bytes(cfg: RunConfig, device_type: str, device_memory_bytes: Optional[int]) -> int:
+    """Memory per rank: the emulated capacity on CPU; on CUDA the device's total memory (else the hardware
+    profile's), times hardware.memory_fraction when the allocator is capped. Never 0: torchrec's planner
+    takes it as the HBM of every device."""
+    hw = cfg.hardware
+    if not hw.capacity_gib > 0:
+        raise ConfigError("hardware.capacity_gib", hw.capacity_gib, "must be > 0 (GiB per rank)")
+    if device_type == "cpu":
+        return int(hw.capacity_gib * GIB)
+    total = device_memory_bytes if device_memory_bytes else int(hw.capacity_gib * GIB)
+    return int(total * (hw.memory_fraction if hw.memory_fraction is not None else 1.0))
+
+
+def resolve_target(cfg: RunConfig, visible_cuda: Optional[int],
+                   device_memory_bytes: Optional[int] = None) -> PlanTarget:
     """Device type, ranks per node, world size and memory per rank. `visible_cuda`: the CUDA devices torch
-    sees here, for a launch; None for a plan (then `world_size` / `nodes` may override the hardware's)."""
+    sees here, for a launch; None for a plan (then `world_size` / `nodes` may override the hardware's).
+    `device_memory_bytes`: the smallest visible device's total memory, when known."""
     hw, planning = cfg.hardware, visible_cuda is None
     device_type = _device_type(hw.device, visible_cuda)
     nodes_field, nodes = ("nodes", cfg.nodes) if planning and cfg.nodes is not None else ("hardware.nodes", hw.nodes)
@@ -99,10 +119,8 @@ def resolve_target(cfg: RunConfig, visible_cuda: Optional[int]) -> PlanTarget:
     world_size = cfg.world_size if planning and cfg.world_size is not None else nodes * ranks
     if world_size < 1:
         raise ConfigError("world_size", world_size, "must be >= 1")
-    if not hw.capacity_gib > 0:
-        raise ConfigError("hardware.capacity_gib", hw.capacity_gib, "must be > 0 (GiB per rank)")
-    capacity = int(hw.capacity_gib * GIB) if device_type == "cpu" or planning else 0
-    return PlanTarget(device_type=device_type, ranks_per_node=ranks, world_size=world_size, capacity_bytes=capacity)
+    return PlanTarget(device_type=device_type, ranks_per_node=ranks, world_size=world_size,
+                      capacity_bytes=capacity_bytes(cfg, device_type, device_memory_bytes))
 
 
 def _dist_backend(cfg: RunConfig, device_type: str) -> str:
@@ -143,9 +161,16 @@ def _local_node_ranks(cfg: RunConfig) -> Tuple[int, ...]:
     return (node_rank,)
 
 
-def resolve_launch(cfg: RunConfig, cuda_devices: int) -> LaunchSpec:
-    target = resolve_target(cfg, cuda_devices)
+def resolve_launch(cfg: RunConfig, cuda_devices: int, device_memory_bytes: Optional[int] = None) -> LaunchSpec:
+    target = resolve_target(cfg, cuda_devices, device_memory_bytes)
     backend = _dist_backend(cfg, target.device_type)
+    local_nodes = _local_node_ranks(cfg)
+    local_ranks = len(local_nodes) * target.ranks_per_node
+    if target.device_type == "cuda" and local_ranks > cuda_devices:
+        raise ConfigError("launcher.spawn_all_nodes", cfg.launcher.spawn_all_nodes,
+                          f"{len(local_nodes)} node(s) x {target.ranks_per_node} ranks on this host need "
+                          f"{local_ranks} GPUs, {cuda_devices} visible; one GPU per rank (lower "
+                          f"hardware.ranks_per_node, or start each node's agent on its own host)")
     if cfg.timeout_s < 1:
         raise ConfigError("timeout_s", cfg.timeout_s, "must be >= 1 second")
     if cfg.launcher.watchdog_s < 1:
@@ -154,7 +179,15 @@ def resolve_launch(cfg: RunConfig, cuda_devices: int) -> LaunchSpec:
                       ranks_per_node=target.ranks_per_node, nodes=cfg.hardware.nodes,
                       capacity_bytes=target.capacity_bytes,
                       collective_timeout_s=COLLECTIVE_TIMEOUT_FACTOR * cfg.launcher.watchdog_s,
-                      rdzv_endpoint=cfg.launcher.rdzv_endpoint, local_node_ranks=_local_node_ranks(cfg))
+                      rdzv_endpoint=cfg.launcher.rdzv_endpoint, local_node_ranks=local_nodes)
+
+
+def rank_cuda_index(launch: LaunchSpec, local_rank: int, node_rank: int) -> int:
+    """The GPU of a rank on this host: its local rank, offset by the nodes before its own when several
+    nodes' agents share the host (launcher.spawn_all_nodes), so no two ranks share a GPU."""
+    if len(launch.local_node_ranks) == 1:
+        return local_rank
+    return launch.local_node_ranks.index(node_rank) * launch.ranks_per_node + local_rank
 
 
 def resolve_run(cfg: RunConfig, launch: LaunchSpec) -> RunConfig:
@@ -185,6 +218,19 @@ def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int |
     validate_workload(cfg.workload)
     _validate_sharding(cfg, launch.device_type)
     _validate_materialized(cfg, launch, available_host_bytes)
+    if launch.device_type == "cuda":
+        _validate_allocator()
+
+
+def _validate_allocator(environ=None) -> None:
+    from bench.run.memory.cuda_env import ASYNC_BACKEND, allocator_config
+
+    allocator = allocator_config(environ)
+    if allocator["backend"] == ASYNC_BACKEND:
+        raise ConfigError(allocator["source"], allocator["raw"],
+                          f"backend:{ASYNC_BACKEND} hands allocation to the driver, and the caching allocator's "
+                          f"statistics membench reads stay zero; remove backend:{ASYNC_BACKEND} (the native "
+                          f"caching allocator is the default)")
 
 
 def _validate_backend(cfg: RunConfig) -> None:

@@ -20,11 +20,11 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from bench.results.schema import EXIT_FAILED, EXIT_OK, EXIT_OOM
 from bench.run.memory.factory import make_recorder
-from bench.accounting.oom import OomEvent
+from bench.accounting.oom import OomEvent, is_memory_failure
 from bench.run.backends import make_backend
 from bench.planning.torchrec_adapter import quiet_libraries
 from bench.results.store import heartbeat, progress_file, timeline_file, write_rank_result
-from bench.run.launchspec import LaunchSpec, load_run_config
+from bench.run.launchspec import LaunchSpec, load_run_config, rank_cuda_index
 from workloads.data import SyntheticBatches
 from workloads.spec import build_spec
 
@@ -92,6 +92,33 @@ def write_result(run_dir: Path, recorder, status: str, oom: OomEvent | None = No
     result.oom = oom.to_dict() if oom else None
     result.error = error
     write_rank_result(run_dir, result)
+
+
+def record_failure(run_dir: Path, recorder, rank: int, exc: BaseException) -> int:
+    """A rank that raised: its result first (OOM, with where and how much, or failed), then what can take
+    long (the allocator snapshot, in `close`); returns the exit code. Memory failures outside the caching
+    allocator (NCCL, cuBLAS, UVM) count as OOM too."""
+    recorder.stop()
+    recorder.record_failure_row()
+    if is_memory_failure(exc):
+        oom = OomEvent.from_exception(exc, rank, recorder.step, recorder.phase_name, recorder.failure_stats())
+        print(f"[membench] rank {rank} out of memory at step {recorder.step} ({recorder.phase_name}): "
+              f"{oom.message}", file=sys.stderr, flush=True)
+        write_result(run_dir, recorder, "oom", oom=oom)
+        code = EXIT_OOM
+    else:
+        write_result(run_dir, recorder, "failed", error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
+        code = EXIT_FAILED
+    recorder.heartbeat()  # the result is safe: the watchdog may wait for the snapshot
+    recorder.close()
+    return code
+
+
+def finish(run_dir: Path, recorder, synchronize) -> None:
+    """A rank that trained every step: its result, then the peers (`synchronize`), then the snapshot (a slow
+    dump before the barrier would keep the peers waiting in it)."""
+    write_result(run_dir, recorder, "ok")
+    synchronize()
     recorder.close()
 
 
@@ -107,7 +134,8 @@ def main(argv=None) -> int:
     # the progress file also names this rank's pid, for operators (and the fault drills)
     progress_file(args.run_dir, rank).write_text(f"{os.getpid()}\n")
     if launch.device_type == "cuda":
-        device = torch.device("cuda", local_rank)
+        # GROUP_RANK: the node (agent) index torchrun gives the rank
+        device = torch.device("cuda", rank_cuda_index(launch, local_rank, int(os.environ.get("GROUP_RANK", "0"))))
         torch.cuda.set_device(device)
         if cfg.hardware.memory_fraction is not None:
             torch.cuda.set_per_process_memory_fraction(cfg.hardware.memory_fraction, device)
@@ -124,33 +152,20 @@ def main(argv=None) -> int:
     try:
         recorder.start()
         train(cfg, launch, args.run_dir, rank, device, recorder)
-    except torch.OutOfMemoryError as exc:
-        recorder.stop()
-        recorder.record_failure_row()
-        oom = OomEvent.from_exception(exc, rank, recorder.step, recorder.phase_name, recorder.failure_stats())
-        print(f"[membench] rank {rank} out of memory at step {recorder.step} ({recorder.phase_name}): "
-              f"{oom.message}", file=sys.stderr, flush=True)
-        write_result(args.run_dir, recorder, "oom", oom=oom)
-        # os._exit: the peers are blocked in a collective; a normal teardown could hang on them
-        sys.stdout.flush()
-        os._exit(EXIT_OOM)
     except BaseException as exc:
-        recorder.stop()
-        recorder.record_failure_row()
-        write_result(args.run_dir, recorder, "failed", error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
-        if isinstance(exc, Terminated):
+        code = record_failure(args.run_dir, recorder, rank, exc)
+        if code == EXIT_OOM or isinstance(exc, Terminated):
+            # os._exit: the peers are blocked in a collective; a normal teardown could hang on them
             sys.stdout.flush()
-            os._exit(EXIT_FAILED)
+            os._exit(code)
         raise  # torchelastic's @record turns this into the root-cause error file
-    write_result(args.run_dir, recorder, "ok")
-    dist.barrier()
+    finish(args.run_dir, recorder, dist.barrier)
     dist.destroy_process_group()
     # Everything is written and the group is gone: skip the interpreter's teardown of torch (about half a
     # second per rank, on every run)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_OK)
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,9 +13,20 @@ import torch
 
 from bench.run.memory import snapshot as snapshot_api
 from bench.run.memory.cuda_stats import CudaAllocatorStats, read_allocator_stats, reset_peak
-from bench.run.memory.nvml import NvmlSampler
+from bench.run.memory.nvml import NvmlSampler, nvml_device_index
 from bench.results.schema import complete_breakdown
 from bench.run.memory.recorder import MemoryRecorder, PhaseSample, unique_storage_bytes
+
+
+def is_uvm_tensor(tensor: torch.Tensor) -> bool:
+    """fbgemm's test for a tensor in CUDA managed memory (`torch.ops.fbgemm.is_uvm_tensor`), looked up at
+    each call (fbgemm registers it when the torchrec backend imports it); without fbgemm there are no UVM
+    tables."""
+    try:
+        op = torch.ops.fbgemm.is_uvm_tensor
+    except (AttributeError, RuntimeError):
+        return False
+    return bool(op(tensor))
 
 
 class CudaRecorder(MemoryRecorder):
@@ -27,18 +38,30 @@ class CudaRecorder(MemoryRecorder):
                  snapshot_max_entries: int = 100_000,
                  read_stats: Callable[[torch.device], CudaAllocatorStats] = read_allocator_stats,
                  reset_peaks: Callable[[torch.device], None] = reset_peak,
-                 sampler: Optional[NvmlSampler] = None, snapshots=snapshot_api):
+                 sampler: Optional[NvmlSampler] = None, snapshots=snapshot_api,
+                 synchronize: Optional[Callable[[torch.device], None]] = None,
+                 is_uvm: Optional[Callable[[torch.Tensor], bool]] = None):
         super().__init__(rank, device, capacity_bytes, timeline_path, warmup_steps)
         self._read_stats, self._reset_peaks = read_stats, reset_peaks
+        self._synchronize = synchronize or torch.cuda.synchronize
+        # tensors in CUDA managed memory (fbgemm's UVM-cached tables): on the device, not in the allocator
+        self._is_uvm = is_uvm or is_uvm_tensor
+        self.uvm_bytes = 0
         self._snapshots, self.snapshot_dir = snapshots, snapshot_dir
+        self.nvml_failures = 0
         self.snapshot_paths: List[str] = []
+        self._failed = False
         self._static_bytes: Dict[str, int] = {}
         self._phase_stats = CudaAllocatorStats()
-        # per segment: (peak allocated, peak reserved, device used) of the phase with the top peak
+        # per segment: (peak allocated, peak reserved, device used) of the phase with the top peak, the
+        # key that phase won with, and the segment's highest peak allocated / reserved over all phases
         self._segment_stats: Dict[str, tuple] = {}
+        self._segment_key: Dict[str, tuple] = {}
+        self._segment_max: Dict[str, tuple] = {}
+        self._segment_fragmentation: Dict[str, tuple] = {}
         self.sampler = sampler
         if self.sampler is None:
-            self.sampler = NvmlSampler(device.index or 0, interval_s=nvml_interval_s)
+            self.sampler = NvmlSampler(nvml_device_index(device.index or 0), interval_s=nvml_interval_s)
         try:
             self.sampler.start()
         except RuntimeError as err:  # no NVML (e.g. some containers): allocator stats still work
@@ -47,38 +70,84 @@ class CudaRecorder(MemoryRecorder):
         if snapshot_dir is not None:
             self._snapshots.start_history(snapshot_max_entries)
 
-    def _device_used(self) -> Optional[int]:
-        return self.sampler.sample_now().device_used_bytes if self.sampler else None
+    def _nvml_peak(self, stats: CudaAllocatorStats) -> Optional[int]:
+        """This phase's peak NVML reading: the highest background sample in the phase, and at least the
+        allocator's peak reserved plus the memory outside it now (non-torch memory, such as the CUDA
+        context and NCCL buffers, barely changes within a phase; a sample can miss the moment of the peak).
+        None without NVML; a failed reading skips this phase's NVML column, not the rank."""
+        if self.sampler is None:
+            return None
+        try:
+            now = self.sampler.sample_now().used_bytes
+        except Exception as exc:
+            self.nvml_failures += 1
+            print(f"[rank {self.rank}] NVML reading failed ({type(exc).__name__}: {exc}); phase without "
+                  f"device-used", file=sys.stderr)
+            self.sampler.take_window_peak()
+            return None
+        window = self.sampler.take_window_peak() or now
+        outside_allocator = max(0, now - stats.reserved_bytes)
+        return max(window, now, stats.peak_reserved_bytes + outside_allocator)
 
     def _reset_segment_peak(self) -> None:
         self.segment_peaks[self._segment] = 0
         self.segment_peak_at.pop(self._segment, None)
+        self._segment_key.pop(self._segment, None)
+        self._segment_max.pop(self._segment, None)
+
+    def _new_segment_top(self, key: tuple) -> bool:
+        """Is this phase the segment's top so far? Ranked by the peak measure, then peak reserved, then peak
+        allocated: in steady state NVML's used and the reserved pool are flat from phase to phase, and
+        the phase where the tensors peak must still win over the segment's first phase."""
+        segment = self._segment
+        if segment in self.segment_peak_at and key <= self._segment_key[segment]:
+            return False
+        self._segment_key[segment] = key
+        self.segment_peaks[segment] = key[0]
+        self.segment_peak_at[segment] = (self.step, self.phase_name)
+        return True
 
     def _begin_phase(self, category: str) -> None:
         self._reset_peaks(self.device)
+        if self.sampler is not None:
+            self.sampler.take_window_peak()  # this phase's window starts now
 
     def _sample(self) -> PhaseSample:
         stats = self._read_stats(self.device)
         self._phase_stats = stats
-        device_used = self._device_used()
+        device_used = self._nvml_peak(stats)
         # the breakdown adds up to NVML's device used when there is one, else to reserved
         peak_measure = device_used if device_used is not None else stats.peak_reserved_bytes
-        if self._new_segment_peak(peak_measure):
+        if self._new_segment_top((peak_measure, stats.peak_reserved_bytes, stats.peak_allocated_bytes)):
             self._segment_stats[self._segment] = (stats.peak_allocated_bytes, stats.peak_reserved_bytes,
                                                   device_used)
+            self._segment_fragmentation[self._segment] = (stats.inactive_split_bytes,
+                                                          stats.peak_inactive_split_bytes)
+        allocated, reserved = self._segment_max.get(self._segment, (0, 0))
+        self._segment_max[self._segment] = (max(allocated, stats.peak_allocated_bytes),
+                                            max(reserved, stats.peak_reserved_bytes))
         return PhaseSample(in_use_bytes=stats.allocated_bytes, phase_peak_bytes=stats.peak_allocated_bytes,
                            reserved_bytes=stats.reserved_bytes, device_used_bytes=device_used)
 
+    def synchronize(self) -> None:
+        self._synchronize(self.device)
+
     def attribute(self, ownership: Dict[str, List[torch.Tensor]]) -> None:
+        """Static memory by owner, counting only what the caching allocator holds: UVM tables live in
+        managed memory, which its statistics leave out (counting them drove `other` negative)."""
+        uvm = {}
         for category, tensors in ownership.items():
-            self._static_bytes[category] = unique_storage_bytes(t for t in tensors if t.device == self.device)
+            on_device = [t for t in tensors if t.device == self.device]
+            in_uvm = [t for t in on_device if self._is_uvm(t)]
+            self._static_bytes[category] = unique_storage_bytes(t for t in on_device if not self._is_uvm(t))
+            uvm.update((t.untyped_storage()._cdata, t.untyped_storage().nbytes()) for t in in_uvm)
+        self.uvm_bytes = sum(uvm.values())
 
     def failure_stats(self) -> Dict[str, int]:
-        stats = self._read_stats(self.device).to_dict()
-        if self.snapshot_dir is not None:
-            path = self._snapshots.dump_snapshot(Path(self.snapshot_dir) / f"oom_rank{self.rank}.pickle")
-            self.snapshot_paths.append(path)
-        return stats
+        """The allocator's counters at a failure; the snapshot of it is written by `close`, once the rank's
+        result is safe on disk (a dump can take long)."""
+        self._failed = True
+        return self._read_stats(self.device).to_dict()
 
     def _breakdown(self, segment: str, peak_bytes: int) -> Dict[str, int]:
         allocated, reserved, device_used = self._segment_stats.get(segment, (0, 0, None))
@@ -91,13 +160,18 @@ class CudaRecorder(MemoryRecorder):
         return complete_breakdown(peak_bytes, parts)
 
     def _extra_peaks(self, segment: str) -> Dict[str, Optional[int]]:
-        allocated, reserved, _ = self._segment_stats.get(segment, (0, 0, None))
-        return {"peak_allocated_bytes": allocated, "peak_reserved_bytes": reserved}
+        allocated, reserved = self._segment_max.get(segment, (0, 0))
+        inactive_split, peak_inactive_split = self._segment_fragmentation.get(segment, (0, 0))
+        counters = self._phase_stats  # cumulative: the latest reading holds the whole run's
+        return {"peak_allocated_bytes": allocated, "peak_reserved_bytes": reserved,
+                "allocator": {"num_alloc_retries": counters.num_alloc_retries, "num_ooms": counters.num_ooms,
+                              "inactive_split_bytes": inactive_split,
+                              "peak_inactive_split_bytes": peak_inactive_split, "uvm_bytes": self.uvm_bytes}}
 
     def close(self) -> None:
         if self.snapshot_dir is not None:
-            self.snapshot_paths.append(
-                self._snapshots.dump_snapshot(Path(self.snapshot_dir) / f"snapshot_rank{self.rank}.pickle"))
+            name = f"{'oom' if self._failed else 'snapshot'}_rank{self.rank}.pickle"
+            self.snapshot_paths.append(self._snapshots.dump_snapshot(Path(self.snapshot_dir) / name))
             self._snapshots.stop_history()
         if self.sampler is not None:
             self.sampler.stop()

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 # Keys of torch.cuda.memory_stats(); "all" aggregates the small and large pools.
-_KEYS: dict[str, str] = {
+MEMORY_STATS_KEYS: dict[str, str] = {
     "allocated_bytes": "allocated_bytes.all.current",
     "peak_allocated_bytes": "allocated_bytes.all.peak",
     "reserved_bytes": "reserved_bytes.all.current",
@@ -13,6 +13,7 @@ _KEYS: dict[str, str] = {
     "active_bytes": "active_bytes.all.current",
     "peak_active_bytes": "active_bytes.all.peak",
     "inactive_split_bytes": "inactive_split_bytes.all.current",
+    "peak_inactive_split_bytes": "inactive_split_bytes.all.peak",
     "num_alloc_retries": "num_alloc_retries",
     "num_ooms": "num_ooms",
 }
@@ -27,6 +28,7 @@ class CudaAllocatorStats:
     active_bytes: int = 0
     peak_active_bytes: int = 0
     inactive_split_bytes: int = 0
+    peak_inactive_split_bytes: int = 0  # free bytes inside split blocks at their phase peak: fragmentation
     num_alloc_retries: int = 0
     num_ooms: int = 0
 
@@ -39,7 +41,7 @@ def parse_memory_stats(stats: Mapping[str, Any]) -> CudaAllocatorStats:
 
     Missing keys read as 0: torch returns {} before the allocator has been initialised on a device.
     """
-    return CudaAllocatorStats(**{field: int(stats.get(key, 0) or 0) for field, key in _KEYS.items()})
+    return CudaAllocatorStats(**{field: int(stats.get(key, 0) or 0) for field, key in MEMORY_STATS_KEYS.items()})
 
 
 def read_allocator_stats(device: Any) -> CudaAllocatorStats:

@@ -145,9 +145,14 @@ class MemoryRecorder:
             return "build"
         return "warmup" if step < self.warmup_steps else "measured"
 
+    def synchronize(self) -> None:
+        """Wait for the device's queued work, so that a step time measures the step, not its enqueueing
+        (the CUDA recorder waits for the GPU; on CPU the work is done when the call returns)."""
+
     @contextmanager
     def phase(self, step: int, name: str) -> Iterator[None]:
         if step != self.step and step >= 0:
+            self.synchronize()
             now = time.perf_counter()
             if self._step_started is not None and self.step >= 0:
                 self.step_times_s.append(now - self._step_started)
@@ -163,6 +168,7 @@ class MemoryRecorder:
 
     def finish_steps(self) -> None:
         if self._step_started is not None:
+            self.synchronize()
             self.step_times_s.append(time.perf_counter() - self._step_started)
             self._step_started = None
 

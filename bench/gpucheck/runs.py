@@ -1,0 +1,118 @@
+"""`membench run` as a user starts it, on the GPU (dry run: on CPU): the native backend with timeline and
+snapshot, a forced OOM, a stalled rank that the watchdog must end without leaving a process, and the
+torchrec backend (when fbgemm-gpu imports) with membench's prediction beside the measured peak."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from bench.gpucheck.log import CheckLog
+from workloads.units import MIB
+
+RUN_TIMEOUT_S = 150
+# the stalled-rank drill: on a GPU, long enough for CUDA and NCCL start-up; the dry run only needs the
+# watchdog to fire (during start-up or after it: either way the run is a timeout and must leave no process)
+WATCHDOG_S = {"gpu": 20, "dry_run": 8}
+
+
+def membench_run(out_dir: Path, *overrides: str, env: Optional[Dict[str, str]] = None
+                 ) -> Tuple[Optional[dict], Optional[Path], str]:
+    """`membench run` in a subprocess: (summary or None, its run directory, the output's last lines)."""
+    runs = out_dir / "runs"
+    before = set(runs.rglob("summary.json")) if runs.exists() else set()
+    proc = subprocess.run([sys.executable, "-m", "bench", "run", f"results_dir={runs}", *overrides],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env={**os.environ, **(env or {})})
+    new = sorted(set(runs.rglob("summary.json")) - before) if runs.exists() else []
+    tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+    if not new:
+        return None, None, tail
+    return json.loads(new[0].read_text()), new[0].parent, tail
+
+
+def hardware_overrides(dry_run: bool) -> List[str]:
+    """One GPU (as on the single-GPU host), or the CPU with 2 ranks in the dry run."""
+    return ["hardware=cpu"] if dry_run else ["hardware=auto", "hardware.ranks_per_node=1"]
+
+
+def _peaks(summary: dict) -> str:
+    return ", ".join(f"{r['peak_bytes'] / MIB:.1f} MiB" for r in summary["per_rank"])
+
+
+def native_run(dry_run: bool, out_dir: Path, log: CheckLog) -> None:
+    overrides = ["model=native", "workload=tiny", "workload.steps=3", *hardware_overrides(dry_run)]
+    if not dry_run:
+        overrides.append("record.snapshot=true")
+    summary, run_dir, tail = membench_run(out_dir, *overrides)
+    ok = summary is not None and summary["status"] == "ok" and summary["model_backend"] == "native"
+    adds_up = ok and all(r["peak_bytes"] > 0 and sum(r["breakdown"].values()) == r["peak_bytes"]
+                         for r in summary["per_rank"])
+    log.check("native workload", adds_up, f"status {summary and summary['status']}, peaks "
+                                          f"{_peaks(summary) if summary else tail}")
+    if not ok:
+        return
+    rows = [len((run_dir / f"timeline_rank{r['rank']}.csv").read_text().splitlines()) - 1 for r in summary["per_rank"]]
+    log.check("native: timeline", all(count >= 5 for count in rows), f"rows per rank {rows}")
+    if dry_run:
+        return
+    used_ok = all((r["peak_device_used_bytes"] or 0) >= (r["peak_reserved_bytes"] or 0) for r in summary["per_rank"])
+    log.check("native: NVML used >= reserved", used_ok, "; ".join(
+        f"rank {r['rank']} used {(r['peak_device_used_bytes'] or 0) / MIB:.0f} MiB, reserved "
+        f"{(r['peak_reserved_bytes'] or 0) / MIB:.0f} MiB" for r in summary["per_rank"]))
+    log.check("native: memory_viz snapshot", bool(list(run_dir.glob("snapshot_rank*.pickle"))), str(run_dir))
+    log.check("native: allocator and versions recorded", bool(summary.get("allocator")) and "cuda" in summary["versions"],
+              f"allocator {summary.get('allocator', {}).get('backend')}, versions {summary['versions']}")
+
+
+def oom_drill(dry_run: bool, out_dir: Path, log: CheckLog) -> None:
+    if dry_run:
+        forced = ["hardware.capacity_gib=0.005"]
+    else:  # an allocator cap of 8 MiB: far below what the tiny workload needs
+        fraction = 8 * MIB / torch.cuda.get_device_properties(0).total_memory
+        forced = [f"hardware.memory_fraction={fraction:.8f}"]
+    summary, _, tail = membench_run(out_dir, "model=native", "workload=tiny", "workload.steps=3",
+                                    *hardware_overrides(dry_run), *forced)
+    oom = summary and next((r["oom"] for r in summary["per_rank"] if r.get("oom")), None)
+    log.check("forced OOM run", bool(summary and summary["status"] == "oom" and oom and oom["phase"]),
+              f"status {summary and summary['status']}: rank {oom and oom['rank']} step {oom and oom['step']} "
+              f"{oom and oom['phase']}" if summary else tail)
+
+
+def watchdog_drill(dry_run: bool, out_dir: Path, log: CheckLog) -> None:
+    """A rank that stops making progress: the watchdog ends the run (timeout) and no process is left."""
+    from bench.run.reaper import rank_processes
+
+    summary, run_dir, tail = membench_run(out_dir, "model=native", "workload=tiny", *hardware_overrides(dry_run),
+                                          f"launcher.watchdog_s={WATCHDOG_S['dry_run' if dry_run else 'gpu']}", env={"MEMBENCH_FAULT_HANG_RANK": "0"})
+    left = rank_processes(run_dir) if run_dir else []
+    log.check("watchdog drill", bool(summary and summary["status"] == "timeout") and not left,
+              f"status {summary and summary['status']}, rank processes left: {[p.pid for p in left]}"
+              if summary else tail)
+
+
+def torchrec_run(dry_run: bool, out_dir: Path, log: CheckLog) -> None:
+    try:
+        import fbgemm_gpu  # noqa: F401  (importable is what is checked)
+        import torchrec  # noqa: F401
+    except Exception as err:  # noqa: BLE001 (any import failure means: no torchrec here)
+        log.skip("torchrec workload", f"fbgemm-gpu / torchrec do not import here ({type(err).__name__}: "
+                                      f"{str(err).splitlines()[0][:120] if str(err) else ''}); README: Validating on a GPU")
+        return
+    summary, _, tail = membench_run(out_dir, "model=torchrec", "workload=tiny", "workload.steps=3",
+                                    *hardware_overrides(dry_run))
+    ok = summary is not None and summary["status"] == "ok"
+    log.check("torchrec workload", ok, f"status {summary and summary['status']}, peaks "
+                                       f"{_peaks(summary) if summary else tail}")
+    estimate = (summary or {}).get("estimate") or {}
+    if not ok:
+        return
+    errors = estimate.get("error_pct")
+    log.check("prediction vs measured", bool(errors) and all(e is not None for e in errors),
+              "membench " + ", ".join(f"{e:+.1f}%" for e in errors or []) + "; torchrec's planner " +
+              ", ".join(f"{e:+.1f}%" for e in estimate.get("torchrec_error_pct") or [] if e is not None)
+              + (" (uncalibrated on this GPU: membench calibrate)" if not dry_run else ""))
