@@ -21,9 +21,12 @@ pip_quiet() { "$@" 2>&1 | sed -e '/is ignored: it is neither a file nor a direct
   -e "/torchrec .* requires fbgemm-gpu, which is not installed/d" -e "/dependency resolver does not currently/d"; }
 pip=(pip_quiet "$venv/bin/python" -m pip --disable-pip-version-check -q)
 
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+# A GPU: nvidia-smi lists one, or the driver does (hosts without nvidia-smi on PATH). torch 2.13's CUDA
+# build is CUDA 13.0 and needs an R580+ driver; fbgemm-gpu 1.8.0 is its matching build.
+if { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; } ||
+   compgen -G "/proc/driver/nvidia/gpus/*" >/dev/null; then
   fbgemm="fbgemm-gpu==$FBGEMM_VERSION"
-  echo "[install] CUDA device found (nvidia-smi): using $fbgemm (CUDA build)"
+  echo "[install] CUDA device found: using $fbgemm (CUDA build; torch $TORCH_VERSION needs an R580+ driver)"
 else
   fbgemm="fbgemm-gpu-cpu==$FBGEMM_VERSION"
   echo "[install] no CUDA device found: using $fbgemm (CPU build)"

@@ -434,3 +434,38 @@ def test_allocator_counters_and_fragmentation_are_recorded_per_rank():
     allocator = recorder.result("ok").allocator
     assert allocator == {"num_alloc_retries": 3, "num_ooms": 0, "inactive_split_bytes": 5,
                          "peak_inactive_split_bytes": 7, "uvm_bytes": 0}
+
+
+def test_rank_result_keeps_nvmls_device_view_beside_the_process_reading():
+    from bench.run.memory.cuda import CudaRecorder
+    from bench.run.memory.cuda_stats import CudaAllocatorStats
+    from bench.run.memory.nvml import NvmlSampler
+    from test_cuda_fakes import FakeNvml
+
+    gib = 1 << 30
+    nvml = FakeNvml(used=[30 * gib], driver_reserved=2 * gib)
+    nvml.processes[0].usedGpuMemory = 6 * gib
+    recorder = CudaRecorder(0, torch.device("cuda", 0), 80 * gib, None, 0,
+                            read_stats=lambda d: CudaAllocatorStats(reserved_bytes=5 * gib, peak_reserved_bytes=5 * gib),
+                            reset_peaks=lambda d: None, sampler=NvmlSampler(0, interval_s=60.0, nvml=nvml),
+                            synchronize=lambda d: None)
+    with recorder.phase(0, "forward"):
+        pass
+    result = recorder.result("ok")
+    recorder.close()
+    assert result.peak_device_used_bytes == 6 * gib
+    assert result.nvml == {"device_used_peak_bytes": 30 * gib, "driver_reserved_bytes": 2 * gib,
+                           "process_reported": True, "failed_readings": 0}
+
+
+def test_auto_hardware_warns_when_a_gpu_is_there_but_torch_cannot_use_it(monkeypatch, tmp_path, capsys):
+    """Audit (risk): torch's CUDA 13 build on an older driver sees no GPU, and hardware=auto fell back to
+    the CPU without a word."""
+    from bench.run import launchspec
+
+    (tmp_path / "0000:1b:00.0").mkdir()  # what /proc/driver/nvidia/gpus holds, one folder per GPU
+    assert launchspec.gpu_driver_present(str(tmp_path)) and not launchspec.gpu_driver_present(str(tmp_path / "no"))
+    monkeypatch.setattr(launchspec, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(launchspec, "gpu_driver_present", lambda: True)
+    assert launchspec.visible_cuda_devices(RunConfig()) == (0, None)
+    assert "an NVIDIA driver lists GPUs but torch sees none" in capsys.readouterr().err

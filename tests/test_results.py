@@ -48,7 +48,7 @@ def test_version_1_summaries_are_still_read(tmp_path):
         del data[key]
     for key in ("peak_bytes_p10", "peak_bytes_p50", "peak_bytes_p90"):
         del data["job"][key]
-    del data["per_rank"][0]["allocator"]
+    del data["per_rank"][0]["allocator"], data["per_rank"][0]["nvml"]
     (tmp_path / "summary.json").write_text(json.dumps(data))
     loaded = load_summary(tmp_path)
     assert loaded.schema_version == 1 and loaded.allocator is None and loaded.job.peak_bytes_p50 is None

@@ -91,6 +91,9 @@ class RankResult:
     # inactive_split_bytes and peak_inactive_split_bytes: in the peak phase, i.e. fragmentation) and the
     # bytes of tables in managed (UVM) memory, which the allocator does not hold
     allocator: Optional[Dict[str, int]] = None
+    # CUDA: what NVML saw of the whole device (v2 `used`, the driver's own reservation), beside the
+    # reading of this process that `peak_device_used_bytes` holds; whether the driver reported the process
+    nvml: Optional[Dict[str, Any]] = None
 
 
 @dataclass

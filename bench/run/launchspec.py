@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Tuple
@@ -70,7 +71,15 @@ def visible_cuda_devices(cfg: RunConfig) -> Tuple[int, Optional[int]]:
     from bench.run.memory.nvml import cuda_device_memory_bytes
 
     count = cuda_device_count()
+    if not count and cfg.hardware.device == "auto" and gpu_driver_present():
+        print("[membench] warning: an NVIDIA driver lists GPUs but torch sees none (a driver older than torch's "
+              "CUDA build needs?); hardware=auto runs on the CPU", file=sys.stderr)
     return count, (cuda_device_memory_bytes(count) if count else None)
+
+
+def gpu_driver_present(gpus_dir: str = "/proc/driver/nvidia/gpus") -> bool:
+    """Does the NVIDIA kernel driver list a GPU (whatever torch makes of it)?"""
+    return any(Path(gpus_dir).glob("*"))
 
 
 def _device_type(device: str, visible_cuda: Optional[int]) -> str:

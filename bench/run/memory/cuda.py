@@ -166,7 +166,17 @@ class CudaRecorder(MemoryRecorder):
         return {"peak_allocated_bytes": allocated, "peak_reserved_bytes": reserved,
                 "allocator": {"num_alloc_retries": counters.num_alloc_retries, "num_ooms": counters.num_ooms,
                               "inactive_split_bytes": inactive_split,
-                              "peak_inactive_split_bytes": peak_inactive_split, "uvm_bytes": self.uvm_bytes}}
+                              "peak_inactive_split_bytes": peak_inactive_split, "uvm_bytes": self.uvm_bytes},
+                "nvml": self._nvml_summary()}
+
+    def _nvml_summary(self) -> Optional[Dict[str, object]]:
+        if self.sampler is None:
+            return None
+        latest = self.sampler.latest() if hasattr(self.sampler, "latest") else None
+        return {"device_used_peak_bytes": getattr(self.sampler, "peak_device_used_bytes", None),
+                "driver_reserved_bytes": latest.device_reserved_bytes if latest else None,
+                "process_reported": bool(latest and latest.process_used_bytes is not None),
+                "failed_readings": self.nvml_failures + getattr(self.sampler, "failed_samples", 0)}
 
     def close(self) -> None:
         if self.snapshot_dir is not None:
