@@ -278,11 +278,30 @@ def format_rows(rows: Sequence[Row]) -> str:
 def format_comparison(result: Comparison) -> str:
     """Reasons, the table and the version changes: what a reviewer needs, in one block."""
     lines = list(result.reasons)
+    if result.failed_rows and not result.reasons:
+        lines.append(headline(result.failed_rows))
     if result.rows:
         lines.append(format_rows(result.rows))
     if result.version_changes:
         lines.append("versions differ from the baseline's: " + "; ".join(result.version_changes))
     return "\n".join(lines)
+
+
+def headline(failed_rows: Sequence[Row]) -> str:
+    """One line for pytest's short summary: which entry, how many metrics, the worst mover."""
+    worst = max(failed_rows, key=lambda row: abs(_pct(row.delta_pct)))
+    where = f"rank {worst.rank} " if worst.rank != "job" else ""
+    change = worst.delta_pct or worst.delta
+    return (f"{worst.entry}: {len(failed_rows)} metric(s) over tolerance; worst {where}{worst.metric} {change} "
+            f"(tolerance {worst.tolerance})")
+
+
+def _pct(text: str) -> float:
+    """'+25.00%' -> 25.0; '', 'n/a' -> 0 (rows such as a status change carry no percentage)."""
+    try:
+        return float(text.rstrip("%"))
+    except ValueError:
+        return 0.0
 
 
 def describe_update(old: Optional[Dict[str, Any]], new: Dict[str, Any]) -> str:
