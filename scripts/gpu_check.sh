@@ -5,22 +5,23 @@
 #
 #   scripts/gpu_check.sh --out DIR      # on the GPU host; its pure-Python needs come from .wheels/ (made by
 #                                       # scripts/gpu_wheels.sh where pip works) into .gpu-venv, offline
-#   scripts/gpu_check.sh --dry-run      # on any machine: the same flow on CPU, CUDA/NVML replaced by fakes
+#   scripts/gpu_check.sh --simulate --out DIR   # on any machine: the same flow on CPU against a simulated
+#                                               # GPU (hardware.simulate: the caching allocator model)
 #
-# Without a GPU (and without --dry-run) it says so in one line and exits 2. PYTHON=... picks the python
+# Without a GPU (and without --simulate) it says so in one line and exits 2. PYTHON=... picks the python
 # whose torch to use (default python3).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [[ "${1:-}" == "--dry-run" ]]; then
+if [[ "${1:-}" == "--simulate" || "${1:-}" == "--dry-run" ]]; then
   shift
   bash "$repo_root/scripts/install.sh" >/dev/null
   python_bin="${MEMBENCH_VENV:-$repo_root/.venv}/bin/python"
-  exec env PYTHONPATH="$repo_root" timeout 480 "$python_bin" -m bench.apps.gpu_check --dry-run \
+  exec env PYTHONPATH="$repo_root" timeout 480 "$python_bin" -m bench.apps.gpu_check --simulate \
     --width 512 --batch 256 --steps 6 "$@"
 fi
 system_python="${PYTHON:-python3}"
 if ! "$system_python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo "gpu check: no CUDA device visible to $system_python's torch here; run it on a GPU host (or --dry-run)" >&2
+  echo "gpu check: no CUDA device visible to $system_python's torch here; run it on a GPU host (or --simulate)" >&2
   exit 2
 fi
 # A venv over the system's packages: torch stays the host's, what is missing goes into .gpu-venv only

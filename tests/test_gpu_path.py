@@ -383,7 +383,7 @@ def test_allocator_configuration_is_parsed_and_async_backend_refused(monkeypatch
     """Audit (risk): the allocator settings, which change reserved memory and fragmentation, were not
     recorded, and cudaMallocAsync (whose pool the caching allocator's statistics do not see) ran as if valid."""
     from bench.run.launchspec import resolve_launch, validate_run
-    from bench.run.memory.cuda_env import allocator_config, parse_allocator_config
+    from bench.accounting.allocator_config import allocator_config, parse_allocator_config
     from workloads.validate import ConfigError
 
     parsed = parse_allocator_config("expandable_segments:True,max_split_size_mb:128,"

@@ -20,16 +20,43 @@ ONE_TABLE = ["hardware=cpu", "workload.num_tables=1", f"workload.rows={ROWS}", f
 
 
 @pytest.mark.slow
-def test_native_end_to_end_is_deterministic_and_adds_up(cli):
-    run = cli("-m", "hardware=cpu", "model=native", "workload.steps=2", "workload.seed=0,0")  # twice, one sweep
+def test_native_sweep_is_deterministic_adds_up_and_exports_lists_and_shows_progress(cli, tmp_path):
+    """One 4-point sweep (each batch size twice): the native backend's determinism and breakdown, and issue
+    19's export / ls / progress on a real sweep."""
+    import pandas as pd
+
+    run = cli("-m", "hardware=cpu", "model=native", "workload.steps=2", "workload.batch_size=8,16",
+              "workload.seed=0,0")
     assert run.returncode == 0, run.output
-    first, second = run.summaries()
+    first, second, third, _ = run.summaries()
     assert first["model_backend"] == "native" and first["status"] == "ok"
     for mine, theirs in zip(first["per_rank"], second["per_rank"]):
         assert sum(mine["breakdown"].values()) == mine["peak_bytes"]
         for field in ("peak_bytes", "breakdown", "peak_step", "peak_phase"):
             assert mine[field] == theirs[field], field
+    assert third["per_rank"][0]["peak_bytes"] > first["per_rank"][0]["peak_bytes"]  # the larger batch
     assert first["estimate"] is None  # the predictor models torchrec only
+    # progress, plain lines (not a terminal): one per point, in order, with the swept overrides and an ETA
+    lines = [line for line in run.output.splitlines() if line.startswith("[") and "/4] " in line]
+    assert [line.split("]")[0] for line in lines] == ["[1/4", "[2/4", "[3/4", "[4/4"], run.output
+    assert lines[0].startswith("[1/4] workload.batch_size=8 workload.seed=0 → ok, peak ")
+    assert all("elapsed 0:" in line and "ETA 0:" in line for line in lines)
+    assert lines[-1].endswith("ETA 0:00:00")
+    # export: one row per point and rank, the swept axes as columns, that pandas reads back
+    out = tmp_path / "sweep.csv"
+    proc = subprocess.run([sys.executable, "-m", "bench", "export", str(run.results_dir), "--out", str(out)],
+                          cwd=REPO_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    frame = pd.read_csv(out)
+    assert len(frame) == 4 * 2  # points x ranks
+    assert frame.groupby(["workload.batch_size", "workload.seed"]).size().to_dict() == {(8, 0): 4, (16, 0): 4}
+    assert (frame["status"] == "ok").all() and frame["peak_bytes"].gt(0).all()
+    sweep_id = frame["sweep_id"].iloc[0]
+    listing = subprocess.run([sys.executable, "-m", "bench", "ls", str(run.results_dir)], cwd=REPO_ROOT,
+                             capture_output=True, text=True)
+    assert listing.returncode == 0, listing.stderr
+    row = next(line for line in listing.stdout.splitlines() if sweep_id in line)
+    assert " 4 " in row and "ok (4 ok)" in row and "tiny" in row
 
 
 @pytest.mark.slow

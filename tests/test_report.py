@@ -159,7 +159,7 @@ def test_full_report_figures_and_numbers(tmp_path, capsys):
     out = tmp_path / "rep"
     code, stdout, err = run_report(capsys, root, "--out", out, "--format", "png,svg")
     assert code == 0, err
-    assert "figure 7/7" in stdout and "report.md" in stdout
+    assert "figure 8/8" in stdout and "report.md" in stdout
     for stem in ("fig1_timeline_1", "fig2_breakdown", "fig3_utilization_cdf", "fig4_imbalance", "fig5_oom_frontier_1"):
         assert_figure(out, stem, ("png", "svg"))
     md = (out / "report.md").read_text()

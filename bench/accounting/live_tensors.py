@@ -5,6 +5,11 @@ new storage is counted once when it appears and uncounted by a weakref callback 
 numbers are a pure function of the ops run, hence byte-identical across runs of the same config;
 they count tensors, not allocator behaviour (no fragmentation or kernel scratch).
 
+With an `allocator` (a model of PyTorch's CUDA caching allocator: bench.accounting.caching_allocator),
+every storage that appears is also allocated in the model and every one that goes is freed there, in
+the same order; the model raises when it cannot place one, which becomes a torch.OutOfMemoryError at
+that op, as on a GPU.
+
 One source of run-to-run noise needs a rule: a tensor handed to a collective (a c10d op) may be
 released by the backend's own thread (gloo) a few microseconds before or after the training thread
 moves on. Such frees are therefore applied at the end of the phase in which they happen (see
@@ -13,6 +18,7 @@ slightly longer than they live.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import weakref
@@ -22,7 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_iter
 
-from bench.accounting.oom import format_emulated_oom
+from bench.accounting.oom import format_emulated_oom, format_simulated_oom
 
 
 def _strided(values):
@@ -43,11 +49,13 @@ SETTLE_MAX_ROUNDS = 40
 
 
 class LiveTensorTracker(TorchDispatchMode):
-    """Counts live bytes per category on `device`; raises torch.OutOfMemoryError past `capacity_bytes`."""
+    """Counts live bytes per category on `device`; raises torch.OutOfMemoryError past `capacity_bytes`, or
+    when the `allocator` model cannot place a storage."""
 
     def __init__(self, device: torch.device, capacity_bytes: int, rank: int,
-                 on_new_peak: Optional[Callable[[], None]] = None):
+                 on_new_peak: Optional[Callable[[], None]] = None, allocator=None):
         super().__init__()
+        self.allocator = allocator
         self.device = device
         self.capacity_bytes = capacity_bytes
         self.rank = rank
@@ -64,6 +72,9 @@ class LiveTensorTracker(TorchDispatchMode):
         self._deferred: list = []
         self._owner_thread = threading.get_ident()
         self._comm_in_phase = False
+        # the allocator model's key of each allocation: a count, since a deferred free may still hold a
+        # cdata that a new storage already reuses
+        self._allocations = itertools.count(1)
 
     # -- accounting ------------------------------------------------------------------------------
     def _charge(self, category: str, nbytes: int) -> None:
@@ -88,9 +99,25 @@ class LiveTensorTracker(TorchDispatchMode):
             return
         self._uncharge(entry)
 
-    def _uncharge(self, entry: list) -> None:
+    def _uncharge(self, entry: list, release: bool = True) -> None:
         self.by_category[entry[1]] -= entry[0]
         self.live_bytes -= entry[0]
+        if release and self.allocator is not None:
+            self.allocator.free(entry[3])
+
+    def _allocate(self, nbytes: int) -> Optional[int]:
+        """Place a new storage in the allocator model (when there is one): its key there; the model's refusal
+        is an OOM here."""
+        if self.allocator is None:
+            return None
+        from bench.accounting.caching_allocator import SimulatedOutOfMemory
+
+        key = next(self._allocations)
+        try:
+            self.allocator.malloc(nbytes, key)
+        except SimulatedOutOfMemory as oom:
+            raise torch.OutOfMemoryError(format_simulated_oom(oom, self.rank)) from None
+        return key
 
     def flush_deferred(self) -> None:
         """Apply the frees of collective buffers released during the phase that is ending."""
@@ -111,12 +138,16 @@ class LiveTensorTracker(TorchDispatchMode):
         entry = self._entries.get(cdata)
         nbytes = storage.nbytes()
         if entry is None:
+            key = self._allocate(nbytes)
             ref = weakref.ref(storage, lambda r, c=cdata: self._release(c, r))
-            self._entries[cdata] = [nbytes, category, ref]
+            self._entries[cdata] = [nbytes, category, ref, key]
             self._charge(category, nbytes)
             return
         if entry[1] != category or entry[0] != nbytes:
-            self._uncharge(entry)
+            resized = entry[0] != nbytes  # resized in place: the allocator sees a new block; retagged: nothing
+            self._uncharge(entry, release=resized)
+            if resized:
+                entry[3] = self._allocate(nbytes)
             entry[0], entry[1] = nbytes, category
             self._charge(category, nbytes)
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
 from bench.apps.console import print_sweep
+from bench.apps.progress import SweepProgress, is_multirun
 from bench.apps.run import JobOutcome
 from bench.results.schema import EXIT_INTERRUPTED, EXIT_INVALID, exit_code, worst_status
 from bench.results.store import sweep_statuses
@@ -27,6 +30,8 @@ commands:
   calibrate  fit the peak predictor from measured runs (results/calibration/<hardware>.json)
   report     figures + report.md from runs, sweeps or a results directory
   compare    the regression table between two runs (or two sweeps, point by point); exit 1 if they differ
+  export     runs as one table (.csv, .jsonl, .parquet): a row per run and rank, config keys as columns
+  ls         past runs and sweeps, newest first (--status oom, --workload, --hardware, --mode)
 
 examples:
   membench run                                      # tiny workload, hardware=auto (CPU: 2 ranks)
@@ -37,34 +42,50 @@ examples:
   membench provision workload=tb_1 hardware=h100_80g plan.headroom=0.1
   membench report results/runs/sweep-<id> --out report/
   membench compare results/runs/<run A> results/runs/<run B> --rtol 0.01
+  membench export results/runs/sweep-<id> --out sweep.csv     # or .jsonl, .parquet; --timelines
+  membench ls --status oom
 
 exit status: 0 ok, 1 failed, 2 invalid config, 3 out of memory, 4 timeout, 130 interrupted
 """
-COMMANDS = ("run", "plan", "provision", "calibrate", "report", "compare")
+COMMANDS = ("run", "plan", "provision", "calibrate", "report", "compare", "export", "ls")
 # Hydra apps: module and the task of one job (returns a JobOutcome)
 HYDRA_COMMANDS = {"run": ("bench.apps.run", "run_job"), "plan": ("bench.apps.plan", "plan_job"),
                   "provision": ("bench.apps.plan", "provision_job")}
 # subcommands with their own argparse interface (the rest are Hydra apps)
-ARGPARSE_COMMANDS = {"calibrate": "bench.apps.calibrate", "report": "bench.report", "compare": "bench.apps.compare"}
+ARGPARSE_COMMANDS = {"calibrate": "bench.apps.calibrate", "report": "bench.report", "compare": "bench.apps.compare",
+                     "export": "bench.apps.export", "ls": "bench.apps.ls"}
 
 
 def run_hydra_app(command: str, rest: List[str], outcomes: List[JobOutcome]) -> List[str]:
-    """Run one Hydra command over conf/, appending to `outcomes` how each job this process ran ended.
-    Returns the statuses of the points a launcher ran in other processes (submitit), read back from their
-    sweep's index."""
+    """Run one Hydra command over conf/, appending to `outcomes` how each job this process ran ended
+    (a sweep shows its progress as each point ends). Returns the statuses of the points a launcher ran in
+    other processes (submitit), read back from their sweep's index."""
     import hydra
+    from hydra.core.hydra_config import HydraConfig
 
     module_name, task_name = HYDRA_COMMANDS[command]
     task = getattr(importlib.import_module(module_name), task_name)
     sweep_dirs: List[Path] = []
+    progress = SweepProgress.for_args(rest, CONF_DIR) if is_multirun(rest) else None
 
     def job(dict_cfg) -> None:
-        outcomes.append(task(dict_cfg))
+        started = time.monotonic()
+        if progress is not None:
+            progress.point_started()
+        outcome = task(dict_cfg)
+        outcome = replace(outcome, overrides=tuple(HydraConfig.get().overrides.task))
+        outcomes.append(outcome)
+        if progress is not None:
+            progress.point_done(outcome.overrides, outcome.status, outcome.peak_bytes, time.monotonic() - started)
 
     register_configs()
     register_resolvers(on_sweep_dir=sweep_dirs.append)
     sys.argv = [f"membench {command}", *rest]
-    hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(job)()
+    try:
+        hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(job)()
+    finally:
+        if progress is not None:
+            progress.stop()
     return [] if outcomes else [status for path in sweep_dirs for status in sweep_statuses(path)]
 
 

@@ -20,6 +20,13 @@ def _mib(num_bytes) -> str:
     return "-" if num_bytes is None else f"{num_bytes / MIB:,.1f}"
 
 
+def human_bytes(num_bytes) -> str:
+    """GiB from 1 GiB up, else MiB: a peak in a one-line listing."""
+    if num_bytes is None:
+        return "-"
+    return f"{num_bytes / GIB:,.2f} GiB" if num_bytes >= GIB else f"{num_bytes / MIB:,.1f} MiB"
+
+
 def top_categories(breakdown: dict, count: int = 3) -> str:
     ranked = sorted(((v, k) for k, v in breakdown.items() if v > 0), reverse=True)[:count]
     return " ".join(f"{SHORT.get(k, k)} {v / MIB:,.1f}" for v, k in ranked)
@@ -60,16 +67,20 @@ def print_run_summary(summary: RunSummary, run_dir: Path, console: Console | Non
 
 
 def print_sweep(outcomes, console: Console | None = None) -> None:
-    """One row per job: its run id, status and directory (any objects with those three attributes)."""
+    """One row per job: its run id, status, largest rank peak, the overrides that differ between the jobs
+    and directory (any objects with run_id, status and run_dir; peak_bytes and overrides when they have them)."""
     console = console or make_console()
     table = Table(title="sweep", title_justify="left")
-    table.add_column("run")
-    table.add_column("status")
-    table.add_column("dir")
+    for column in ("run", "status", "peak", "swept", "dir"):
+        table.add_column(column, justify="right" if column == "peak" else "left")
+    every = [set(getattr(outcome, "overrides", ())) for outcome in outcomes]
+    shared = set.intersection(*every) if len(every) > 1 else set()
     for outcome in outcomes:
         run_id, status, run_dir = outcome.run_id, outcome.status, outcome.run_dir
+        overrides = [item for item in getattr(outcome, "overrides", ()) if item not in shared]
         style = STATUS_STYLE.get(status, "")
-        table.add_row(run_id, f"[{style}]{status}[/{style}]", str(run_dir))
+        table.add_row(run_id, f"[{style}]{status}[/{style}]", human_bytes(getattr(outcome, "peak_bytes", None)),
+                      " ".join(overrides), str(run_dir))
     console.print(table)
 
 

@@ -1,11 +1,12 @@
 """`membench`'s CUDA path validated in one call on a GPU host (scripts/gpu_check.sh runs this).
 
     python -m bench.apps.gpu_check --out DIR            # on a machine with a CUDA GPU
-    python -m bench.apps.gpu_check --dry-run --out DIR  # anywhere: the same flow on CPU, fakes for CUDA/NVML
+    python -m bench.apps.gpu_check --simulate --out DIR # anywhere: the same flow on a simulated GPU on CPU
 
-Checks, one PASS / FAIL / SKIP line each, all written to DIR/gpu_check.json: the real APIs membench reads
-(memory_stats keys, peak reset, allocator backend, NVML v2 and per-process memory, NVML index of each
-torch device), the CUDA recorder on a small model (peaks, NVML, breakdown, snapshot, overhead, a forced
+Checks, one PASS / FAIL / SKIP line each, all written to DIR/gpu_check.json: an allocation trace replayed
+through torch.cuda and through membench's caching allocator model (peak reserved and inactive-split within
+2%), the real APIs membench reads (memory_stats keys, peak reset, allocator backend, NVML v2 and per-process
+memory, NVML index of each torch device), the CUDA recorder on a small model (peaks, NVML, breakdown, snapshot, overhead, a forced
 OOM), then `membench run` itself: the native backend on one GPU (timeline, snapshot), a forced OOM, a
 stalled rank the watchdog must end without leaving a process, and the torchrec backend with membench's
 prediction beside the measurement (SKIP when fbgemm-gpu does not import). Exit status: 0 no FAIL, 1 a
@@ -28,21 +29,24 @@ EXIT_NO_GPU = 2
 BUDGET_S = 420
 
 
-def run_all(dry_run: bool, out_dir: Path, steps: int, width: int, batch: int, log: CheckLog) -> None:
+def run_all(simulate: bool, out_dir: Path, steps: int, width: int, batch: int, log: CheckLog) -> None:
     from bench.gpucheck.probes import api_probes
     from bench.gpucheck.recorder_checks import recorder_checks, target_for
+    from bench.gpucheck.replay import allocator_replay
     from bench.gpucheck.runs import native_run, oom_drill, torchrec_run, watchdog_drill
 
-    target = target_for(dry_run, log)
+    target = target_for(simulate, log)
     if target is None:
         return
     stages: List[Callable[[], None]] = [
-        lambda: log.skip("API probes", "dry run: no CUDA or NVML to ask") if dry_run else api_probes(target.device, log),
+        # first: the replay needs an allocator nothing else has used yet
+        lambda: allocator_replay(target, out_dir, width, batch, log),
+        lambda: log.skip("API probes", "simulated: no CUDA or NVML to ask") if simulate else api_probes(target.device, log),
         lambda: recorder_checks(target, out_dir, steps, width, batch, log),
-        lambda: native_run(dry_run, out_dir, log),
-        lambda: oom_drill(dry_run, out_dir, log),
-        lambda: watchdog_drill(dry_run, out_dir, log),
-        lambda: torchrec_run(dry_run, out_dir, log),
+        lambda: native_run(simulate, out_dir, log),
+        lambda: oom_drill(simulate, out_dir, log),
+        lambda: watchdog_drill(simulate, out_dir, log),
+        lambda: torchrec_run(simulate, out_dir, log),
     ]
     started = time.monotonic()
     for number, stage in enumerate(stages, 1):
@@ -59,19 +63,20 @@ def cuda_available() -> Optional[str]:
     if torch.cuda.is_available():
         return None
     return (f"gpu check: no CUDA device here (torch {torch.__version__}, CUDA build {torch.version.cuda}); "
-            f"run it on a GPU host, or --dry-run for the same flow on CPU")
+            f"run it on a GPU host, or --simulate for the same flow on CPU")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dry-run", action="store_true", help="run on CPU with fakes for CUDA and NVML")
+    parser.add_argument("--simulate", "--dry-run", dest="simulate", action="store_true",
+                        help="run on CPU against a simulated GPU (the caching allocator model, hardware.simulate)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where to keep gpu_check.json, timelines, results and snapshots (default: a temp dir)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=4096)
     args = parser.parse_args(argv)
-    if not args.dry_run:
+    if not args.simulate:
         problem = cuda_available()
         if problem:
             print(problem, file=sys.stderr)
@@ -80,11 +85,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="membench-gpu-check-") as tmp:
         out_dir = args.out or Path(tmp)
         out_dir.mkdir(parents=True, exist_ok=True)
-        run_all(args.dry_run, out_dir, args.steps, args.width, args.batch, log)
+        run_all(args.simulate, out_dir, args.steps, args.width, args.batch, log)
         (out_dir / "gpu_check.json").write_text(json.dumps(
-            {"dry_run": args.dry_run, "checks": log.to_json(), "failed": log.failed}, indent=2) + "\n")
+            {"simulated": args.simulate, "checks": log.to_json(), "failed": log.failed}, indent=2) + "\n")
     failed = log.failed
-    print(f"gpu check{' (dry run)' if args.dry_run else ''}: {log.count('PASS')} passed, {len(failed)} failed, "
+    print(f"gpu check{' (simulated)' if args.simulate else ''}: {log.count('PASS')} passed, {len(failed)} failed, "
           f"{log.count('SKIP')} skipped" + (f" ({', '.join(failed)})" if failed else ""))
     return 1 if failed else 0
 

@@ -15,8 +15,10 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from bench.apps.console import print_plan, print_provision
-from bench.apps.run import JobOutcome
+from bench.apps.console import human_bytes, print_plan, print_provision
+from bench.apps.progress import Throttled, Ticker
+from bench.run.step_progress import clock
+from bench.apps.run import JobOutcome, max_peak
 from bench.planning.provision import plan, provision, validate_plan_config
 from bench.planning.torchrec_adapter import quiet_libraries
 from bench.results.schema import Status
@@ -43,7 +45,9 @@ def plan_job(dict_cfg: DictConfig) -> JobOutcome:
     spec = build_spec(cfg.workload)
     print(f"[membench] planning {cfg.workload.name} ({spec.virtual_bytes / 1e12:.2f} TB of tables, "
           f"{len(spec.tables)} tables) on {target.world_size} x {cfg.hardware.name}", flush=True)
-    outcome = plan(cfg, spec, target)
+    with Ticker(say, lambda elapsed: f"[membench] still planning {target.world_size} ranks, {clock(elapsed)} "
+                                     f"elapsed"):
+        outcome = plan(cfg, spec, target)
     summary = summary_for(cfg, run_id=run_dir.name, status=outcome.status, world_size=target.world_size,
                           device_type=target.device_type, device_name=cfg.hardware.name,
                           wall_s=round(time.perf_counter() - started, 3), error=outcome.error,
@@ -51,7 +55,7 @@ def plan_job(dict_cfg: DictConfig) -> JobOutcome:
                           estimate=outcome.estimate)
     write_summary(run_dir, summary)
     print_plan(summary, run_dir)
-    return JobOutcome(summary.run_id, summary.status, run_dir)
+    return JobOutcome(summary.run_id, summary.status, run_dir, max_peak(summary))
 
 
 def provision_job(dict_cfg: DictConfig) -> JobOutcome:
@@ -65,9 +69,30 @@ def provision_job(dict_cfg: DictConfig) -> JobOutcome:
         print(f"membench: {err}", file=sys.stderr)
         return JobOutcome(run_dir.name, Status.INVALID, run_dir)
     quiet_libraries()
-    report = provision(cfg, target)
+    report = provision(cfg, target, on_world_size=world_size_progress(cfg.plan.max_world_size))
     path = run_dir / "provision.json"
     atomic_write_json(path, report)
     print_provision(report, path)
     status = Status.OK if all(r["recommended"] for r in report["results"]) else Status.OOM
-    return JobOutcome(run_dir.name, status, run_dir)
+    chosen_peaks = [r["recommended"]["max_rank_bytes"] for r in report["results"] if r["recommended"]]
+    return JobOutcome(run_dir.name, status, run_dir, max(chosen_peaks, default=None))
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def world_size_progress(max_world_size: int, every_s: float = 5.0):
+    """provision's on_world_size: a line at most every few seconds while it searches the world sizes (at
+    terabyte scale each one is a placement and a prediction; a quick search says nothing)."""
+    throttle = Throttled(say, every_s=every_s, after_s=every_s)
+
+    def on_world_size(batch: int, point: dict) -> None:
+        worst = point.get("max_rank_bytes")
+        detail = (f"largest rank {human_bytes(worst)}" if worst is not None else "placement failed")
+        if not point.get("fits") and point.get("shortfall_bytes"):
+            detail += f", {human_bytes(point['shortfall_bytes'])} over budget"
+        verdict = "fits" if point.get("fits") else "does not fit"
+        throttle(lambda elapsed: f"[membench] batch {batch}: world size {point['world_size']} of up to "
+                                 f"{max_world_size} {verdict} ({detail}); elapsed {clock(elapsed)}")
+    return on_world_size

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, Tuple
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -16,10 +17,17 @@ from bench.run.execute import execute_run
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """How one Hydra job ended, returned to the CLI (which turns the worst status into its exit code)."""
+    """How one Hydra job ended, returned to the CLI (which turns the worst status into its exit code and
+    shows sweep progress with the peak and overrides)."""
     run_id: str
     status: str
     run_dir: Path
+    peak_bytes: Optional[int] = None  # the largest rank peak (measured, or estimated in plan mode)
+    overrides: Tuple[str, ...] = ()  # the job's Hydra overrides (the CLI fills them in)
+
+
+def max_peak(summary) -> Optional[int]:
+    return max((rank.peak_bytes for rank in summary.per_rank), default=None)
 
 
 def run_job(dict_cfg: DictConfig) -> JobOutcome:
@@ -35,4 +43,4 @@ def run_job(dict_cfg: DictConfig) -> JobOutcome:
     if sweep_dir is not None:
         record_in_sweep(sweep_dir, summary, list(hydra_cfg.overrides.task))
     print_run_summary(summary, run_dir)
-    return JobOutcome(run_id, summary.status, run_dir)
+    return JobOutcome(run_id, summary.status, run_dir, max_peak(summary))

@@ -1,1 +1,1 @@
-"""Validating the CUDA path on a GPU in one call (and the same flow on CPU, with fakes: the dry run)."""
+"""Validating the CUDA path on a GPU in one call (and the same flow on CPU, against a simulated GPU: --simulate)."""

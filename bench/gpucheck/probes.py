@@ -7,7 +7,7 @@ import os
 import torch
 
 from bench.gpucheck.log import CheckLog
-from bench.run.memory.cuda_env import allocator_config
+from bench.accounting.allocator_config import allocator_config
 from bench.run.memory.cuda_stats import MEMORY_STATS_KEYS as STATS_KEYS
 from bench.run.memory.nvml import nvml_device_index
 from workloads.units import MIB

@@ -1,6 +1,7 @@
 """The CUDA recorder on a small model: allocator peaks, NVML, breakdown, memory_viz snapshot, its overhead,
-and a forced OOM (`torch.cuda.set_per_process_memory_fraction`). In the dry run the same code runs on CPU
-with the stand-ins of bench.gpucheck.fakes."""
+and a forced OOM (`torch.cuda.set_per_process_memory_fraction`). Simulated (`--simulate`), the same code
+runs on CPU with the recorder of a simulated device (bench.run.memory.simulated): the caching allocator
+model in place of torch.cuda and NVML."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,6 @@ import torch
 from torch import nn
 
 from bench.accounting.oom import OomEvent
-from bench.gpucheck.fakes import DryRunCuda
 from bench.gpucheck.log import CheckLog
 from bench.run.memory.cuda import CudaRecorder
 from workloads.units import MIB
@@ -55,38 +55,51 @@ class _null:
         return False
 
 
+# the simulated device of --simulate: an 80 GiB GPU, 1 GiB of it outside the allocator
+SIMULATED_BYTES, SIMULATED_RESERVE_BYTES = 80 << 30, 1 << 30
+
+
 @dataclass
 class Target:
-    """Where the checks run: the device, the recorder's CUDA/NVML hooks (fakes in a dry run), capacity."""
+    """Where the checks run: a CUDA device, or (simulated) the CPU with the caching allocator model."""
     device: torch.device
-    hooks: dict
     capacity_bytes: int
-    fake: Optional[DryRunCuda] = None
+    simulated: bool = False
+
+    def recorder(self, timeline_path: Optional[Path], warmup_steps: int, snapshot_dir: Path,
+                 device_free_bytes: Optional[int] = None) -> CudaRecorder:
+        """A started CUDA recorder; `device_free_bytes` caps what the (simulated) allocator may take."""
+        if not self.simulated:
+            return CudaRecorder(0, self.device, self.capacity_bytes, timeline_path, warmup_steps,
+                                snapshot_dir=snapshot_dir)
+        from bench.accounting.caching_allocator import AllocatorSettings
+        from bench.run.memory.simulated import SimulatedCudaRecorder
+
+        free = device_free_bytes or self.capacity_bytes - SIMULATED_RESERVE_BYTES
+        recorder = SimulatedCudaRecorder(0, self.capacity_bytes, self.capacity_bytes, free, None,
+                                         AllocatorSettings(), timeline_path, warmup_steps, snapshot_dir=snapshot_dir)
+        recorder.start()
+        return recorder
 
 
-def target_for(dry_run: bool, log: CheckLog) -> Optional[Target]:
-    if dry_run:
-        fake = DryRunCuda(capacity_bytes=8 << 30)
-        fake.tracker.__enter__()
-        hooks = dict(read_stats=fake.read_stats, reset_peaks=fake.reset_peaks, sampler=fake.sampler(),
-                     snapshots=fake, synchronize=lambda device: None)
-        return Target(torch.device("cpu"), hooks, 8 << 30, fake)
+def target_for(simulate: bool, log: CheckLog) -> Optional[Target]:
+    if simulate:
+        return Target(torch.device("cpu"), SIMULATED_BYTES, simulated=True)
     if not torch.cuda.is_available():
-        log.check("cuda available", False, "torch sees no CUDA device; use --dry-run on CPU machines")
+        log.check("cuda available", False, "torch sees no CUDA device; use --simulate on CPU machines")
         return None
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     log.check("cuda available", True, f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
                                       f"CUDA {torch.version.cuda}")
-    return Target(device, {}, torch.cuda.get_device_properties(device).total_memory)
+    return Target(device, torch.cuda.get_device_properties(device).total_memory)
 
 
 def _recording_checks(target: Target, out_dir: Path, steps: int, width: int, batch: int, log: CheckLog):
     """A short training run through the recorder; (model, optimizer, seconds per recorded step)."""
     model = make_model(target.device, width)
     optimizer = torch.optim.Adam(model.parameters())
-    recorder = CudaRecorder(0, target.device, target.capacity_bytes, out_dir / "timeline_rank0.csv", warmup_steps=1,
-                            snapshot_dir=out_dir, **target.hooks)
+    recorder = target.recorder(out_dir / "timeline_rank0.csv", 1, out_dir)
     with recorder.phase(-1, "build"):
         pass
     recorder.attribute({"dense_params": list(model.parameters())})
@@ -113,43 +126,35 @@ def _recording_checks(target: Target, out_dir: Path, steps: int, width: int, bat
 
 def _forced_oom(target: Target, out_dir: Path) -> Optional[OomEvent]:
     """Allocate 1 GiB more than is left; the OOM event the recorder makes of it (None if none came)."""
-    oom_recorder = CudaRecorder(0, target.device, target.capacity_bytes, None, warmup_steps=0, snapshot_dir=out_dir,
-                                **target.hooks)
-    fake, dry_run = target.fake, target.fake is not None
+    if target.simulated:
+        oom_recorder = target.recorder(None, 0, out_dir, device_free_bytes=256 * MIB)
+    else:
+        oom_recorder = target.recorder(None, 0, out_dir)
+        torch.cuda.empty_cache()
+        used = torch.cuda.memory_reserved(target.device)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (used + 256 * MIB) / target.capacity_bytes), target.device)
     try:
-        if dry_run:
-            fake.tracker.capacity_bytes = fake.tracker.live_bytes + 64 * MIB
-        else:
-            torch.cuda.empty_cache()
-            used = torch.cuda.memory_reserved(target.device)
-            torch.cuda.set_per_process_memory_fraction(min(1.0, (used + 256 * MIB) / target.capacity_bytes),
-                                                       target.device)
         with oom_recorder.phase(0, "forward"):
             torch.empty(1 << 30, dtype=torch.uint8, device=target.device)  # 1 GiB > what is left
     except torch.OutOfMemoryError as exc:
-        if dry_run:
-            fake.ooms += 1
         return OomEvent.from_exception(exc, 0, oom_recorder.step, oom_recorder.phase_name,
                                        oom_recorder.failure_stats())
     finally:
-        if not dry_run:
+        if not target.simulated:
             torch.cuda.set_per_process_memory_fraction(1.0, target.device)
         oom_recorder.close()
-        if dry_run:
-            fake.tracker.__exit__(None, None, None)
     return None
 
 
 def recorder_checks(target: Target, out_dir: Path, steps: int, width: int, batch: int, log: CheckLog) -> None:
-    dry_run = target.fake is not None
     model, optimizer, recorded_s = _recording_checks(target, out_dir, steps, width, batch, log)
-    # the recorder's overhead: the same steps without it (a GPU measurement: the dry run's CPU stand-in says
+    # the recorder's overhead: the same steps without it (a GPU measurement: the simulated device on CPU says
     # nothing about it, and a timing limit on a shared CPU machine would only be noise)
     plain_s = train(model, optimizer, None, target.device, steps, batch, width)
     ratio = recorded_s / plain_s if plain_s else float("inf")
     detail = f"step {recorded_s * 1e3:.2f} ms recorded vs {plain_s * 1e3:.2f} ms plain: ratio {ratio:.3f}"
-    if dry_run:
-        log.skip("recorder overhead", f"dry run, not a CUDA timing ({detail})")
+    if target.simulated:
+        log.skip("recorder overhead", f"simulated, not a CUDA timing ({detail})")
     else:
         log.check("recorder overhead", ratio < 1.10, detail)
     event = _forced_oom(target, out_dir)

@@ -1,4 +1,4 @@
-"""`membench run` as a user starts it, on the GPU (dry run: on CPU): the native backend with timeline and
+"""`membench run` as a user starts it, on the GPU (simulated: a GPU preset with hardware.simulate=true on CPU): the native backend with timeline and
 snapshot, a forced OOM, a stalled rank that the watchdog must end without leaving a process, and the
 torchrec backend (when fbgemm-gpu imports) with membench's prediction beside the measured peak."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ from bench.gpucheck.log import CheckLog
 from workloads.units import MIB
 
 RUN_TIMEOUT_S = 150
-# the stalled-rank drill: on a GPU, long enough for CUDA and NCCL start-up; the dry run only needs the
+# the stalled-rank drill: on a GPU, long enough for CUDA and NCCL start-up; simulated, it only needs the
 # watchdog to fire (during start-up or after it: either way the run is a timeout and must leave no process)
-WATCHDOG_S = {"gpu": 20, "dry_run": 8}
+WATCHDOG_S = {"gpu": 20, "simulated": 5}
 
 
 def membench_run(out_dir: Path, *overrides: str, env: Optional[Dict[str, str]] = None
@@ -35,19 +35,20 @@ def membench_run(out_dir: Path, *overrides: str, env: Optional[Dict[str, str]] =
     return json.loads(new[0].read_text()), new[0].parent, tail
 
 
-def hardware_overrides(dry_run: bool) -> List[str]:
-    """One GPU (as on the single-GPU host), or the CPU with 2 ranks in the dry run."""
-    return ["hardware=cpu"] if dry_run else ["hardware=auto", "hardware.ranks_per_node=1"]
+def hardware_overrides(simulate: bool, ranks: int = 1) -> List[str]:
+    """One GPU (as on the single-GPU host), or `ranks` simulated H100s on CPU."""
+    if simulate:
+        return ["hardware=h100_80g", "hardware.simulate=true", f"hardware.ranks_per_node={ranks}"]
+    return ["hardware=auto", "hardware.ranks_per_node=1"]
 
 
 def _peaks(summary: dict) -> str:
     return ", ".join(f"{r['peak_bytes'] / MIB:.1f} MiB" for r in summary["per_rank"])
 
 
-def native_run(dry_run: bool, out_dir: Path, log: CheckLog) -> None:
-    overrides = ["model=native", "workload=tiny", "workload.steps=3", *hardware_overrides(dry_run)]
-    if not dry_run:
-        overrides.append("record.snapshot=true")
+def native_run(simulate: bool, out_dir: Path, log: CheckLog) -> None:
+    overrides = ["model=native", "workload=tiny", "workload.steps=3", "record.snapshot=true",
+                 *hardware_overrides(simulate)]
     summary, run_dir, tail = membench_run(out_dir, *overrides)
     ok = summary is not None and summary["status"] == "ok" and summary["model_backend"] == "native"
     adds_up = ok and all(r["peak_bytes"] > 0 and sum(r["breakdown"].values()) == r["peak_bytes"]
@@ -58,44 +59,43 @@ def native_run(dry_run: bool, out_dir: Path, log: CheckLog) -> None:
         return
     rows = [len((run_dir / f"timeline_rank{r['rank']}.csv").read_text().splitlines()) - 1 for r in summary["per_rank"]]
     log.check("native: timeline", all(count >= 5 for count in rows), f"rows per rank {rows}")
-    if dry_run:
-        return
     used_ok = all((r["peak_device_used_bytes"] or 0) >= (r["peak_reserved_bytes"] or 0) for r in summary["per_rank"])
     log.check("native: NVML used >= reserved", used_ok, "; ".join(
         f"rank {r['rank']} used {(r['peak_device_used_bytes'] or 0) / MIB:.0f} MiB, reserved "
         f"{(r['peak_reserved_bytes'] or 0) / MIB:.0f} MiB" for r in summary["per_rank"]))
     log.check("native: memory_viz snapshot", bool(list(run_dir.glob("snapshot_rank*.pickle"))), str(run_dir))
-    log.check("native: allocator and versions recorded", bool(summary.get("allocator")) and "cuda" in summary["versions"],
+    versions_ok = simulate or "cuda" in summary["versions"]  # a simulated device has no CUDA to name
+    log.check("native: allocator and versions recorded", bool(summary.get("allocator")) and versions_ok,
               f"allocator {summary.get('allocator', {}).get('backend')}, versions {summary['versions']}")
 
 
-def oom_drill(dry_run: bool, out_dir: Path, log: CheckLog) -> None:
-    if dry_run:
-        forced = ["hardware.capacity_gib=0.005"]
+def oom_drill(simulate: bool, out_dir: Path, log: CheckLog) -> None:
+    if simulate:  # a 5 MiB device: the model refuses the tiny workload's first large segment
+        forced = ["hardware.capacity_gib=0.005", "hardware.non_torch_reserve_mib=0"]
     else:  # an allocator cap of 8 MiB: far below what the tiny workload needs
         fraction = 8 * MIB / torch.cuda.get_device_properties(0).total_memory
         forced = [f"hardware.memory_fraction={fraction:.8f}"]
     summary, _, tail = membench_run(out_dir, "model=native", "workload=tiny", "workload.steps=3",
-                                    *hardware_overrides(dry_run), *forced)
+                                    *hardware_overrides(simulate), *forced)
     oom = summary and next((r["oom"] for r in summary["per_rank"] if r.get("oom")), None)
     log.check("forced OOM run", bool(summary and summary["status"] == "oom" and oom and oom["phase"]),
               f"status {summary and summary['status']}: rank {oom and oom['rank']} step {oom and oom['step']} "
               f"{oom and oom['phase']}" if summary else tail)
 
 
-def watchdog_drill(dry_run: bool, out_dir: Path, log: CheckLog) -> None:
+def watchdog_drill(simulate: bool, out_dir: Path, log: CheckLog) -> None:
     """A rank that stops making progress: the watchdog ends the run (timeout) and no process is left."""
     from bench.run.reaper import rank_processes
 
-    summary, run_dir, tail = membench_run(out_dir, "model=native", "workload=tiny", *hardware_overrides(dry_run),
-                                          f"launcher.watchdog_s={WATCHDOG_S['dry_run' if dry_run else 'gpu']}", env={"MEMBENCH_FAULT_HANG_RANK": "0"})
+    summary, run_dir, tail = membench_run(out_dir, "model=native", "workload=tiny", *hardware_overrides(simulate),
+                                          f"launcher.watchdog_s={WATCHDOG_S['simulated' if simulate else 'gpu']}", env={"MEMBENCH_FAULT_HANG_RANK": "0"})
     left = rank_processes(run_dir) if run_dir else []
     log.check("watchdog drill", bool(summary and summary["status"] == "timeout") and not left,
               f"status {summary and summary['status']}, rank processes left: {[p.pid for p in left]}"
               if summary else tail)
 
 
-def torchrec_run(dry_run: bool, out_dir: Path, log: CheckLog) -> None:
+def torchrec_run(simulate: bool, out_dir: Path, log: CheckLog) -> None:
     try:
         import fbgemm_gpu  # noqa: F401  (importable is what is checked)
         import torchrec  # noqa: F401
@@ -103,8 +103,9 @@ def torchrec_run(dry_run: bool, out_dir: Path, log: CheckLog) -> None:
         log.skip("torchrec workload", f"fbgemm-gpu / torchrec do not import here ({type(err).__name__}: "
                                       f"{str(err).splitlines()[0][:120] if str(err) else ''}); README: Validating on a GPU")
         return
+    # simulated: two ranks, so torchrec's all-to-all buffers go through the allocator model too
     summary, _, tail = membench_run(out_dir, "model=torchrec", "workload=tiny", "workload.steps=3",
-                                    *hardware_overrides(dry_run))
+                                    *hardware_overrides(simulate, ranks=2))
     ok = summary is not None and summary["status"] == "ok"
     log.check("torchrec workload", ok, f"status {summary and summary['status']}, peaks "
                                        f"{_peaks(summary) if summary else tail}")
@@ -115,4 +116,4 @@ def torchrec_run(dry_run: bool, out_dir: Path, log: CheckLog) -> None:
     log.check("prediction vs measured", bool(errors) and all(e is not None for e in errors),
               "membench " + ", ".join(f"{e:+.1f}%" for e in errors or []) + "; torchrec's planner " +
               ", ".join(f"{e:+.1f}%" for e in estimate.get("torchrec_error_pct") or [] if e is not None)
-              + (" (uncalibrated on this GPU: membench calibrate)" if not dry_run else ""))
+              + (" (uncalibrated on this GPU: membench calibrate)" if not simulate else ""))

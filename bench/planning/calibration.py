@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from bench.planning.estimate import FEATURES
+from bench.results.schema import kernel_device
 from bench.results.store import atomic_write_json
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent.parent / "results" / "calibration"
@@ -18,8 +19,9 @@ CALIBRATION_SCHEMA_VERSION = 1
 
 
 def calibration_key(device_type: str, hardware_name: str) -> str:
-    """CPU accounting does not depend on the host, so all CPU runs share one calibration."""
-    return "cpu" if device_type == "cpu" else hardware_name
+    """CPU accounting does not depend on the host, so all CPU runs share one calibration (a simulated GPU's
+    tensors are the CPU kernels' too)."""
+    return "cpu" if kernel_device(device_type) == "cpu" else hardware_name
 
 
 @dataclass

@@ -18,12 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from bench.accounting.caching_allocator.replay import AllocationStream, replay
 from bench.planning.types import RankPrediction, RankShare
+from bench.results.schema import has_cuda_allocator
 
 FEATURES = ("const", "pooled_received", "pooled_sent", "ids_input", "ids_received", "data_parallel_tables")
 from workloads.spec import WorkloadSpec
 from workloads.storage import optimizer_state_bytes
-from workloads.units import GIB
 
 
 def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int) -> List[RankShare]:
@@ -73,6 +74,8 @@ class DenseDryRun:
     params_bytes: int
     optimizer_bytes: int
     peak_bytes: int  # params + optimizer state + activations (+ simulated sparse buffers) at the peak
+    # for a GPU: the dry run's mallocs and frees, in order, to replay through the caching allocator model
+    allocations: Optional[AllocationStream] = None
 
 
 class DryRunModel:
@@ -102,25 +105,27 @@ class DryRunModel:
 
         self.dlrm.sparse_arch.embedding_bag_collection = PooledEmbeddings()
 
-    def run(self, share: Optional[RankShare] = None, world_size: int = 1, steps: int = 2) -> DenseDryRun:
+    def run(self, share: Optional[RankShare] = None, world_size: int = 1, steps: int = 2,
+            record_allocations: bool = False) -> DenseDryRun:
         """Two training steps counted by the live-tensor tracker. With a `share`, the sparse side of
         the rank is simulated too: input ids, received ids (kept for the fused backward), the pooled
         lookups and the all-to-all buffers of forward and backward, with the lifetimes torchrec gives them
         (collective buffers last until the end of their phase, as in the CPU recorder)."""
-        tracker = self._tracker()
+        allocations = AllocationStream() if record_allocations else None
+        tracker = self._tracker(allocations)
         with tracker:
             for _ in range(steps):
                 self._step(tracker, share, world_size)
         return DenseDryRun(params_bytes=tracker.by_category.get("dense_params", 0),
                            optimizer_bytes=tracker.by_category.get("dense_optimizer", 0),
-                           peak_bytes=tracker.peak_bytes)
+                           peak_bytes=tracker.peak_bytes, allocations=allocations)
 
-    def _tracker(self):
+    def _tracker(self, allocator=None):
         import torch
 
         from bench.accounting.live_tensors import LiveTensorTracker
 
-        tracker = LiveTensorTracker(self.meta, capacity_bytes=1 << 62, rank=0)
+        tracker = LiveTensorTracker(self.meta, capacity_bytes=UNBOUNDED_BYTES, rank=0, allocator=allocator)
         tracker.track_tensors(self.params, "dense_params")
         for state in self.optimizer.state.values():
             tracker.track_tensors([v for v in state.values() if isinstance(v, torch.Tensor)], "dense_optimizer")
@@ -195,18 +200,22 @@ class DryRunModel:
 
 
 def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[str, float],
-            model: Optional[DryRunModel] = None) -> List[RankPrediction]:
+            model: Optional[DryRunModel] = None, allocator_settings=None) -> List[RankPrediction]:
     """Per-rank peak: one dry run (with the rank's sparse side simulated) per distinct rank share, plus
-    the calibrated correction. Pass `model` to reuse a built dry-run model across calls."""
+    the calibrated correction. Pass `model` to reuse a built dry-run model across calls; with
+    `allocator_settings` (a GPU) the rank's tables and its dry run's allocations are replayed through a model
+    of the CUDA caching allocator, whose reserved-minus-allocated at their peaks is the prediction's
+    allocator_overhead."""
     world_size = len(shares)
     model = model or DryRunModel(spec)
     runs: Dict[tuple, DenseDryRun] = {}
+    overheads: Dict[tuple, int] = {}
     predictions = []
     for rank, share in enumerate(shares):
         features = features_for_rank(spec, share, world_size)
         key = (share.sent_dims, round(share.sent_pooling, 3))
         if key not in runs:
-            runs[key] = model.run(share, world_size)
+            runs[key] = model.run(share, world_size, record_allocations=allocator_settings is not None)
         run = runs[key]
         activations = run.peak_bytes - run.params_bytes - run.optimizer_bytes
         residual = sum(coefficients.get(name, 0.0) * value for name, value in features.items())
@@ -219,15 +228,28 @@ def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[
             "dense_optimizer": run.optimizer_bytes,
             "activations": int(round(activations + residual)),
         }
+        if run.allocations is not None:
+            tables = (share.weight_bytes, share.optimizer_bytes, share.grad_bytes)
+            if (key, tables) not in overheads:  # ranks alike replay once: a plan may have thousands
+                overheads[key, tables] = allocator_overhead(run.allocations, tables, allocator_settings)
+            breakdown["allocator_overhead"] = overheads[key, tables]
         predictions.append(RankPrediction(rank, sum(breakdown.values()), breakdown, features))
     return predictions
 
 
 # -- plan mode: shares from membench's own placement, and device overheads -----------------------
-# Uncalibrated GPU defaults (replaced by a calibration when one exists): the caching allocator keeps
-# about this share above what tensors use, and the CUDA context, NCCL and cuBLAS take about this much.
+# Without an allocator model (a prediction made without one): the caching allocator keeps about this share
+# above what tensors use
 GPU_ALLOCATOR_OVERHEAD_FRACTION = 0.05
-GPU_NON_TORCH_BYTES = GIB
+UNBOUNDED_BYTES = 1 << 62  # the dry run predicts; it never refuses an allocation
+
+
+def allocator_overhead(allocations: AllocationStream, tables: Sequence[int], settings) -> int:
+    """What the caching allocator reserves beyond the tensors on a rank: its tables (weights, optimizer state,
+    replicated gradients: one tensor each, as fbgemm keeps a group of tables in one, allocated at build) and
+    then the dry run's stream, replayed through the model; one dry run serves every rank with the same
+    sparse shape, whatever its tables weigh."""
+    return replay(allocations.events, settings, before=tables).overhead_bytes
 
 
 def shares_from_placement(placement, spec: WorkloadSpec) -> List[RankShare]:
@@ -245,11 +267,13 @@ def shares_from_placement(placement, spec: WorkloadSpec) -> List[RankShare]:
     return shares
 
 
-def add_device_overheads(prediction: RankPrediction, device_type: str) -> RankPrediction:
-    if device_type != "cuda":
+def add_device_overheads(prediction: RankPrediction, device_type: str, non_torch_bytes: int) -> RankPrediction:
+    """On a GPU (real or simulated): the caching allocator's overhead (modelled by `predict`, else a share of
+    the tensors) and the memory outside it (CUDA context, NCCL: hardware.non_torch_reserve_mib)."""
+    if not has_cuda_allocator(device_type):
         return prediction
-    torch_bytes = prediction.total_bytes
-    prediction.breakdown["allocator_overhead"] = int(torch_bytes * GPU_ALLOCATOR_OVERHEAD_FRACTION)
-    prediction.breakdown["non_torch"] = GPU_NON_TORCH_BYTES
+    if "allocator_overhead" not in prediction.breakdown:
+        prediction.breakdown["allocator_overhead"] = int(prediction.total_bytes * GPU_ALLOCATOR_OVERHEAD_FRACTION)
+    prediction.breakdown["non_torch"] = non_torch_bytes
     prediction.total_bytes = sum(prediction.breakdown.values())
     return prediction

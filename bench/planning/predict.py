@@ -6,9 +6,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from bench.accounting.allocator_config import allocator_settings_for
 from bench.planning.calibration import CALIBRATION_DIR, calibration_key, load_calibration
 from bench.planning.torchrec_adapter import quiet_libraries
 from bench.results.schema import RankResult
+from workloads.units import MIB
 
 
 def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[str, Any]:
@@ -30,8 +32,9 @@ def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[st
         dry_run = DryRunModel(spec)
     calibration = load_calibration(calibration_dir, calibration_key(launch.device_type, cfg.hardware.name))
     shares = shares_from_plan(describe_plan(plan), spec, launch.world_size)
-    predictions = [add_device_overheads(p, launch.device_type)
-                   for p in predict(spec, shares, calibration.coefficients, dry_run)]
+    settings = allocator_settings_for(cfg.allocator, launch.device_type)
+    predictions = [add_device_overheads(p, launch.device_type, cfg.hardware.non_torch_reserve_mib * MIB)
+                   for p in predict(spec, shares, calibration.coefficients, dry_run, allocator_settings=settings)]
     return {
         "calibration": calibration.source,
         "per_rank_peak": [p.total_bytes for p in predictions],

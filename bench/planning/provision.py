@@ -12,6 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from bench.accounting.allocator_config import allocator_settings_for
 from bench.planning.calibration import CALIBRATION_DIR, Calibration, calibration_key, load_calibration
 from bench.planning.estimate import DryRunModel, add_device_overheads, predict, shares_from_placement
 from bench.planning.greedy import place_greedy
@@ -19,7 +20,7 @@ from bench.planning.torchrec_adapter import place_torchrec
 from bench.planning.types import Placement, PlacementError, PlanTarget, RankPrediction
 from bench.results.schema import JobStats, RankResult, Status, complete_breakdown
 from workloads.spec import WorkloadSpec, build_spec
-from workloads.units import GIB
+from workloads.units import GIB, MIB
 from workloads.validate import ConfigError
 
 PLANNERS = ("membench", "torchrec")
@@ -46,8 +47,10 @@ def place(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int) -> Place
 
 def predict_ranks(cfg, spec: WorkloadSpec, target: PlanTarget, placement: Placement, dry_run: DryRunModel):
     calibration = load_calibration(CALIBRATION_DIR, calibration_key(target.device_type, cfg.hardware.name))
-    predictions = predict(spec, shares_from_placement(placement, spec), calibration.coefficients, dry_run)
-    return [add_device_overheads(p, target.device_type) for p in predictions], calibration
+    predictions = predict(spec, shares_from_placement(placement, spec), calibration.coefficients, dry_run,
+                          allocator_settings=allocator_settings_for(cfg.allocator, target.device_type))
+    return [add_device_overheads(p, target.device_type, cfg.hardware.non_torch_reserve_mib * MIB)
+            for p in predictions], calibration
 
 
 @dataclass
@@ -125,9 +128,10 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def provision(cfg, target: PlanTarget, progress=_say) -> dict:
+def provision(cfg, target: PlanTarget, progress=_say, on_world_size=None) -> dict:
     """For each per-rank batch size (plan.batch_sizes, else the workload's): the smallest world size, in
-    multiples of the ranks per node, that fits with plan.headroom free, and what the next smaller lacks."""
+    multiples of the ranks per node, that fits with plan.headroom free, and what the next smaller lacks.
+    `on_world_size(batch, point)`, when given, hears of every world size tried (progress at TB scale)."""
     batch_sizes = list(cfg.plan.batch_sizes) or [cfg.workload.batch_size]
     results = []
     for batch in batch_sizes:
@@ -138,6 +142,8 @@ def provision(cfg, target: PlanTarget, progress=_say) -> dict:
         previous, chosen = None, None
         for world_size in range(target.ranks_per_node, cfg.plan.max_world_size + 1, target.ranks_per_node):
             point = evaluate(cfg, spec, target, world_size, dry_run)
+            if on_world_size is not None:
+                on_world_size(batch, point)
             if point["fits"]:
                 chosen = point
                 break

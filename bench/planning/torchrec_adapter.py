@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from bench.planning.types import Placement, PlacementError, Shard, capacity_error
+from bench.results.schema import DEVICE_CUDA, DEVICE_CUDA_SIMULATED, kernel_device
 from workloads.spec import WorkloadSpec
 from workloads.storage import table_storage
 from workloads.units import GIB
@@ -192,10 +193,13 @@ def make_sharding_plan(cfg, spec: WorkloadSpec, world_size: int, ranks_per_node:
     """
     from torchrec.distributed.sharding_plan import get_default_sharders
 
+    # a simulated GPU trains with CPU kernels: torchrec plans for the CPU, with the GPU's memory per rank
+    compute_device = kernel_device(device_type)
+    ddr_cap = capacity_bytes if device_type == DEVICE_CUDA_SIMULATED else int(cfg.hardware.host_memory_gib * GIB)
     topology = make_topology(
-        world_size=world_size, compute_device=device_type,
-        hbm_cap_bytes=capacity_bytes if device_type == "cuda" else None,
-        ddr_cap_bytes=int(cfg.hardware.host_memory_gib * GIB), local_world_size=ranks_per_node)
+        world_size=world_size, compute_device=compute_device,
+        hbm_cap_bytes=capacity_bytes if compute_device == DEVICE_CUDA else None,
+        ddr_cap_bytes=ddr_cap, local_world_size=ranks_per_node)
     planner, capture = make_planner(spec, topology, cfg.sharding.type, dict(cfg.sharding.per_table),
                                     cfg.sharding.compute_kernel)
     sharders = get_default_sharders()

@@ -21,6 +21,7 @@ A figure without data is skipped with a line in report.md that says why. Exit st
 summary could be read (one line on stderr).
 """
 from bench.report.app import build_parser, main
+from bench.report.frame import load_frame, load_timelines
 from bench.report.loading import load_runs
 
-__all__ = ["build_parser", "load_runs", "main"]
+__all__ = ["build_parser", "load_frame", "load_runs", "load_timelines", "main"]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from bench.report.messages import PROG, NoResults, WarningLog
+from bench.report.messages import NoResults, WarningLog
 from bench.report.style import key_part
 from bench.results.store import ResultsError, load_summary
 from bench.results.schema import RunSummary
@@ -133,17 +133,18 @@ def oom_in_use(rank) -> int:
 
 
 def find_summary_files(path: Path, skip: Optional[Path], log: WarningLog) -> List[Path]:
+    prog = log.prog
     if path.is_file():
         if path.name == "summary.json":
             return [path]
-        raise NoResults(f"{PROG}: {path} is not a results directory or summary.json; give a run, sweep or "
+        raise NoResults(f"{prog}: {path} is not a results directory or summary.json; give a run, sweep or "
                         f"results directory")
     if not path.exists():
-        raise NoResults(f"{PROG}: {path} does not exist; run `membench run` first or check the path")
+        raise NoResults(f"{prog}: {path} does not exist; run `membench run` first or check the path")
     try:
         os.listdir(path)
     except OSError as err:
-        raise NoResults(f"{PROG}: cannot read {path} ({err.strerror or err}); no summary.json read; "
+        raise NoResults(f"{prog}: cannot read {path} ({err.strerror or err}); no summary.json read; "
                         f"check its permissions") from None
     found: List[Path] = []
 
@@ -189,12 +190,21 @@ def load_sweep(sweep_dir: Path, log: WarningLog) -> Sweep:
     return sweep
 
 
-def summary_files(paths: Sequence[Path], skip: Optional[Path], log: WarningLog) -> List[Path]:
-    """Every summary.json under the paths, once each, in the order found."""
+def summary_files(paths: Sequence[Path], skip: Optional[Path], log: WarningLog,
+                  skip_bad_paths: bool = False) -> List[Path]:
+    """Every summary.json under the paths, once each, in the order found. With skip_bad_paths, a path
+    that is missing, unreadable or not results is a warning instead of the end (the others still count)."""
     files: List[Path] = []
     seen = set()
     for path in paths:
-        for found in find_summary_files(path, skip, log):
+        try:
+            found_here = find_summary_files(path, skip, log)
+        except NoResults as err:
+            if not skip_bad_paths:
+                raise
+            log.warn(f"{str(err).split(': ', 1)[-1]} (skipped)")
+            continue
+        for found in found_here:
             key = found.resolve()
             if key not in seen:
                 seen.add(key)
@@ -226,13 +236,13 @@ def load_run(path: Path, sweeps: Dict[Path, Sweep], log: WarningLog) -> Optional
     return run
 
 
-def load_runs(paths: Sequence[Path], skip: Optional[Path],
-              log: Optional[WarningLog] = None) -> Tuple[List[Run], List[Sweep]]:
+def load_runs(paths: Sequence[Path], skip: Optional[Path], log: Optional[WarningLog] = None,
+              skip_bad_paths: bool = False) -> Tuple[List[Run], List[Sweep]]:
     log = log if log is not None else WarningLog()
-    files = summary_files(paths, skip, log)
+    files = summary_files(paths, skip, log, skip_bad_paths)
     if not files:
         where = ", ".join(str(p) for p in paths)
-        raise NoResults(f"{PROG}: no summary.json under {where}; run `membench run` first")
+        raise NoResults(f"{log.prog}: no summary.json under {where}; run `membench run` first")
     runs: List[Run] = []
     sweeps: Dict[Path, Sweep] = {}
     for path in files:
@@ -241,7 +251,7 @@ def load_runs(paths: Sequence[Path], skip: Optional[Path],
             runs.append(run)
     if not runs:
         where = ", ".join(str(p) for p in paths)
-        raise NoResults(f"{PROG}: no readable summary.json under {where} ({len(files)} skipped as corrupt); "
+        raise NoResults(f"{log.prog}: no readable summary.json under {where} ({len(files)} skipped as corrupt); "
                         f"run `membench run` first")
     runs.sort(key=lambda r: natural_key(str(r.dir)))
     for sweep in sweeps.values():

@@ -20,11 +20,13 @@ def info(message: str) -> None:
 
 
 class WarningLog:
-    """The warnings of one report: printed on stderr as they happen and kept, because report.md lists them."""
+    """The warnings of one report: printed on stderr as they happen and kept, because report.md lists them.
+    `prog` names the command in them (the loaders also serve `membench export` and `membench ls`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prog: str = PROG) -> None:
+        self.prog = prog
         self.items: List[str] = []
 
     def warn(self, message: str) -> None:
         self.items.append(message)
-        print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)
+        print(f"{self.prog}: warning: {message}", file=sys.stderr, flush=True)

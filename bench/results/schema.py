@@ -46,6 +46,20 @@ def exit_code(status: str) -> int:
     return STATUS_EXIT_CODE[Status(status)]
 
 
+# Device types a run records: its ranks' device, or a GPU preset simulated on CPU (hardware.simulate)
+DEVICE_CPU, DEVICE_CUDA, DEVICE_CUDA_SIMULATED = "cpu", "cuda", "cuda_simulated"
+
+
+def kernel_device(device_type: str) -> str:
+    """Where the ranks' kernels run: a simulated GPU trains on the CPU."""
+    return DEVICE_CUDA if device_type == DEVICE_CUDA else DEVICE_CPU
+
+
+def has_cuda_allocator(device_type: str) -> bool:
+    """Is memory counted as PyTorch's CUDA caching allocator holds it (real, or modelled)?"""
+    return device_type in (DEVICE_CUDA, DEVICE_CUDA_SIMULATED)
+
+
 # Breakdown categories; at a rank's peak they add up to its `peak_bytes`.
 CATEGORIES = (
     "embedding_weights",

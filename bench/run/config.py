@@ -22,7 +22,7 @@ from workloads.config import WorkloadConfig
 # Hydra's config tree: conf/config.yaml and its groups (workload, hardware, sharding, ...)
 CONF_DIR = str(Path(__file__).resolve().parent.parent.parent / "conf")
 # Fields that change what is measured (run_id, output paths and timeouts do not)
-HASHED_SECTIONS = ("workload", "hardware", "sharding", "model", "record")
+HASHED_SECTIONS = ("workload", "hardware", "sharding", "model", "record", "allocator")
 
 
 @dataclass
@@ -43,6 +43,22 @@ class HardwareConfig:
     # CUDA: cap each rank's caching allocator at this share of the device
     # (torch.cuda.set_per_process_memory_fraction), e.g. to provoke an OOM on purpose
     memory_fraction: Optional[float] = None
+    # A GPU preset simulated on CPU: ranks train on CPU (gloo) and PyTorch's caching allocator is modelled
+    # (bench.accounting.caching_allocator), so reserved memory, fragmentation and OOMs are a GPU's
+    simulate: bool = False
+    # Simulated device: memory outside the caching allocator, per rank (the CUDA context with its kernels,
+    # NCCL's buffers), taken off capacity_gib before the allocator may use it
+    non_torch_reserve_mib: int = 1024
+
+
+@dataclass
+class AllocatorConfig:
+    """PyTorch's CUDA caching-allocator settings for the ranks (null: as PYTORCH_CUDA_ALLOC_CONF says, else
+    torch's default). Real CUDA: passed in PYTORCH_CUDA_ALLOC_CONF; simulated: given to the model."""
+    expandable_segments: Optional[bool] = None
+    max_split_size_mb: Optional[int] = None
+    garbage_collection_threshold: Optional[float] = None
+    roundup_power2_divisions: Optional[int] = None
 
 
 @dataclass
@@ -113,6 +129,7 @@ class RunConfig:
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     record: RecordConfig = field(default_factory=RecordConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     # train (launch under torchrun) | plan (estimate only, any world size) | provision; set by the command
     mode: str = "train"

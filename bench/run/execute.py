@@ -14,6 +14,7 @@ from bench.results.schema import RunSummary, Status
 from bench.results.store import write_summary
 from bench.run.config import CONF_DIR, RunConfig, register_configs, register_resolvers, to_run_config, with_changes
 from bench.run.launchspec import resolve_launch, resolve_run, validate_run, visible_cuda_devices
+from bench.run.step_progress import StepWatcher
 from bench.run.summary import summary_for
 from workloads.validate import ConfigError
 
@@ -47,7 +48,12 @@ def execute_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[s
         return summary
     print(f"[membench] run {run_id}: workload={cfg.workload.name} on {launch.world_size} "
           f"{launch.device_type} rank(s) ({launch.dist_backend}); results in {run_dir}", flush=True)
-    return launch_run(cfg, launch, run_dir, run_id, sweep_id=sweep_id, echo=echo)
+    local_ranks = launch.ranks_per_node * len(launch.local_node_ranks)
+    total_steps = cfg.workload.warmup_steps + cfg.workload.steps
+    # a run longer than a few seconds: where every rank is (rank 0 alone prints its steps)
+    with StepWatcher(run_dir, run_id, launch.world_size, total_steps, local_ranks,
+                     enabled=echo and cfg.record.timeline):
+        return launch_run(cfg, launch, run_dir, run_id, sweep_id=sweep_id, echo=echo)
 
 
 def run_overrides(overrides: List[str], run_dir: Path, run_id: str, echo: bool = False) -> RunSummary:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from bench.planning.predict import score, try_predict_run
-from bench.results.schema import RankResult, RunSummary, Status, job_stats
+from bench.results.schema import DEVICE_CUDA, DEVICE_CUDA_SIMULATED, RankResult, RunSummary, Status, has_cuda_allocator, job_stats
 from bench.results.store import ResultsError, load_rank_result, rank_file, write_summary
 from bench.run.config import RunConfig
 from bench.run.launchspec import LaunchSpec, write_run_config
@@ -59,13 +59,20 @@ def torchrun_commands(launch: LaunchSpec, run_dir: Path, run_id: str) -> List[Li
             for node in launch.local_node_ranks]
 
 
-def worker_env(launch: LaunchSpec) -> dict:
+def worker_env(launch: LaunchSpec, cfg: Optional[RunConfig] = None) -> dict:
     env = dict(os.environ)
     # Share this machine's cores between the ranks it runs, instead of torchrun's blanket 1 thread.
     local_ranks = launch.ranks_per_node * len(launch.local_node_ranks)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_ranks)))
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONWARNINGS"] = env.get("PYTHONWARNINGS", "ignore::FutureWarning")
+    if cfg is not None and launch.device_type == DEVICE_CUDA:
+        from bench.accounting.allocator_config import allocator_conf_text
+
+        conf = allocator_conf_text(cfg.allocator, os.environ)
+        if conf:  # the run's allocator.* settings reach the ranks' caching allocators this way
+            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+            env.pop("PYTORCH_ALLOC_CONF", None)  # its options are in the one above
     return env
 
 
@@ -248,7 +255,7 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
     started_at = now_iso()
     log_path = run_dir / "launcher.log"
     try:
-        outcome = run_agents(torchrun_commands(launch, run_dir, run_id), worker_env(launch), log_path, run_dir,
+        outcome = run_agents(torchrun_commands(launch, run_dir, run_id), worker_env(launch, cfg), log_path, run_dir,
                              cfg.timeout_s, watchdog_s=cfg.launcher.watchdog_s, echo=echo)
     except KeyboardInterrupt:
         write_interrupted(cfg, launch, run_dir, run_id, started_at, sweep_id)
@@ -262,9 +269,9 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
     status = run_status(outcome, ranks, launch.world_size)
     summary = summary_for(
         cfg, run_id=run_id, status=status, world_size=launch.world_size, device_type=launch.device_type,
-        device_name=device_name(launch), started_at=started_at, wall_s=round(outcome.wall_s, 3),
+        device_name=device_name(launch, cfg), started_at=started_at, wall_s=round(outcome.wall_s, 3),
         error=failure_reason(status, outcome, ranks, problems, cfg), sweep_id=sweep_id,
-        **cuda_environment(launch),
+        **cuda_environment(launch, cfg),
         oom_ranks=sorted(r.rank for r in ranks if r.status == "oom"),
         per_rank=sorted(ranks, key=lambda r: r.rank),
         job=job_stats(ranks, cfg.workload.batch_size, cfg.workload.warmup_steps),
@@ -285,17 +292,20 @@ def write_interrupted(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id:
             continue
     write_summary(run_dir, summary_for(
         cfg, run_id=run_id, status=Status.FAILED, world_size=launch.world_size, device_type=launch.device_type,
-        device_name=device_name(launch), started_at=started_at, sweep_id=sweep_id, per_rank=ranks,
+        device_name=device_name(launch, cfg), started_at=started_at, sweep_id=sweep_id, per_rank=ranks,
         error="interrupted (Ctrl-C); the torchrun agents and every rank were ended"))
 
 
-def cuda_environment(launch: LaunchSpec) -> dict:
-    """What a CUDA run ran with, for its summary: the allocator configuration, CUDA / NCCL / driver versions."""
-    if launch.device_type != "cuda":
+def cuda_environment(launch: LaunchSpec, cfg: RunConfig) -> dict:
+    """What a CUDA run ran with, for its summary: the allocator configuration (real or modelled) and, on a
+    real GPU, the CUDA / NCCL / driver versions."""
+    if not has_cuda_allocator(launch.device_type):
         return {}
-    from bench.run.memory.cuda_env import allocator_config, cuda_versions
+    from bench.accounting.allocator_config import allocator_config
+    from bench.run.memory.cuda_env import cuda_versions
 
-    return {"allocator": allocator_config(), "extra_versions": cuda_versions()}
+    versions = cuda_versions() if launch.device_type == DEVICE_CUDA else {}
+    return {"allocator": allocator_config(settings=cfg.allocator), "extra_versions": versions}
 
 
 def read_plan(run_dir: Path) -> list:
@@ -308,13 +318,14 @@ def read_plan(run_dir: Path) -> list:
         return []
 
 
-def device_name(launch: LaunchSpec) -> str:
-    if launch.device_type == "cuda":
-        import torch
-
-        return torch.cuda.get_device_name(0)
+def device_name(launch: LaunchSpec, cfg: RunConfig) -> str:
     import platform
 
-    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    cpu = f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    if launch.device_type == DEVICE_CUDA_SIMULATED:
+        return f"{cfg.hardware.name} simulated on {cpu}"
+    if launch.device_type == DEVICE_CUDA:
+        from bench.run.memory.nvml import cuda_device_name
 
-
+        return cuda_device_name(0) or cfg.hardware.name  # through NVML: no CUDA context in the launcher
+    return cpu

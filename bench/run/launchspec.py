@@ -20,11 +20,13 @@ import psutil
 from omegaconf import OmegaConf
 
 from bench.planning.types import PlanTarget
+from bench.results.schema import (DEVICE_CPU, DEVICE_CUDA, DEVICE_CUDA_SIMULATED, has_cuda_allocator,
+                                  kernel_device)
 from bench.results.store import atomic_write_json, atomic_write_text
 from bench.run.config import RunConfig, to_run_config
 from workloads.spec import build_spec
 from workloads.storage import materialized_bytes
-from workloads.units import GIB
+from workloads.units import GIB, MIB
 from workloads.validate import (COMPUTE_KERNELS, EMBEDDING_OPTIMIZERS_CPU_FUSED, ConfigError, check_host_memory,
                                 validate_sharding_type, validate_workload)
 
@@ -82,29 +84,49 @@ def gpu_driver_present(gpus_dir: str = "/proc/driver/nvidia/gpus") -> bool:
     return any(Path(gpus_dir).glob("*"))
 
 
-def _device_type(device: str, visible_cuda: Optional[int]) -> str:
+def _device_type(cfg: RunConfig, visible_cuda: Optional[int]) -> str:
+    device = cfg.hardware.device
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError("hardware.device", device, "use one of auto, cpu, cuda")
+    if cfg.hardware.simulate:
+        if device != "cuda":
+            raise ConfigError("hardware.simulate", True, f"simulates a GPU preset, and hardware={cfg.hardware.name} is "
+                                                         f"not one; use e.g. hardware=h100_80g hardware.simulate=true")
+        return DEVICE_CUDA_SIMULATED
     if visible_cuda is None:  # planning: `auto` plans for this machine's CPU ranks
-        return "cuda" if device == "cuda" else "cpu"
-    device_type = device if device != "auto" else ("cuda" if visible_cuda else "cpu")
-    if device_type == "cuda" and not visible_cuda:
+        return DEVICE_CUDA if device == "cuda" else DEVICE_CPU
+    device_type = device if device != "auto" else (DEVICE_CUDA if visible_cuda else DEVICE_CPU)
+    if device_type == DEVICE_CUDA and not visible_cuda:
         raise ConfigError("hardware.device", device, "no CUDA device is visible to torch here; use "
-                                                     "hardware=cpu (or hardware=auto)")
+                                                     "hardware=cpu (or hardware=auto), or hardware.simulate=true")
     return device_type
 
 
 def capacity_bytes(cfg: RunConfig, device_type: str, device_memory_bytes: Optional[int]) -> int:
     """Memory per rank: the emulated capacity on CPU; on CUDA the device's total memory (else the hardware
-    profile's), times hardware.memory_fraction when the allocator is capped. Never 0: torchrec's planner
-    takes it as the HBM of every device."""
+    profile's: always so on a simulated device), times hardware.memory_fraction when the allocator is capped.
+    Never 0: torchrec's planner takes it as the HBM of every device."""
     hw = cfg.hardware
     if not hw.capacity_gib > 0:
         raise ConfigError("hardware.capacity_gib", hw.capacity_gib, "must be > 0 (GiB per rank)")
-    if device_type == "cpu":
+    if device_type == DEVICE_CPU:
         return int(hw.capacity_gib * GIB)
     total = device_memory_bytes if device_memory_bytes else int(hw.capacity_gib * GIB)
     return int(total * (hw.memory_fraction if hw.memory_fraction is not None else 1.0))
+
+
+def simulated_allocator_limits(cfg: RunConfig) -> Tuple[int, Optional[int]]:
+    """The modelled caching allocator's limits on a simulated device: what cudaMalloc can get (the preset's
+    memory less what lives outside the allocator: CUDA context, NCCL buffers, hardware.non_torch_reserve_mib),
+    and torch's allowed maximum (hardware.memory_fraction x the memory, as set_per_process_memory_fraction;
+    None when uncapped: then garbage_collection_threshold is inert, as on a GPU)."""
+    hw = cfg.hardware
+    total, reserve = int(hw.capacity_gib * GIB), hw.non_torch_reserve_mib * MIB
+    if reserve >= total:
+        raise ConfigError("hardware.non_torch_reserve_mib", hw.non_torch_reserve_mib,
+                          f"leaves nothing of the {hw.capacity_gib} GiB per rank to the allocator; lower it")
+    fraction = hw.memory_fraction
+    return total - reserve, (int(total * fraction) if fraction is not None and fraction < 1.0 else None)
 
 
 def resolve_target(cfg: RunConfig, visible_cuda: Optional[int],
@@ -113,34 +135,40 @@ def resolve_target(cfg: RunConfig, visible_cuda: Optional[int],
     sees here, for a launch; None for a plan (then `world_size` / `nodes` may override the hardware's).
     `device_memory_bytes`: the smallest visible device's total memory, when known."""
     hw, planning = cfg.hardware, visible_cuda is None
-    device_type = _device_type(hw.device, visible_cuda)
+    device_type = _device_type(cfg, visible_cuda)
     nodes_field, nodes = ("nodes", cfg.nodes) if planning and cfg.nodes is not None else ("hardware.nodes", hw.nodes)
     if nodes < 1:
         raise ConfigError(nodes_field, nodes, "must be >= 1")
     ranks = hw.ranks_per_node
     if ranks is None:
-        ranks = DEFAULT_CPU_RANKS if device_type == "cpu" else (DEFAULT_GPU_RANKS_PER_NODE if planning else visible_cuda)
+        ranks = (DEFAULT_CPU_RANKS if device_type == DEVICE_CPU else
+                 visible_cuda if device_type == DEVICE_CUDA and not planning else DEFAULT_GPU_RANKS_PER_NODE)
     if ranks < 1:
         raise ConfigError("hardware.ranks_per_node", ranks, "must be >= 1")
-    if not planning and device_type == "cuda" and ranks > visible_cuda:
+    if not planning and device_type == DEVICE_CUDA and ranks > visible_cuda:
         raise ConfigError("hardware.ranks_per_node", ranks, f"only {visible_cuda} CUDA device(s) visible; "
                                                             f"use at most {visible_cuda}")
     world_size = cfg.world_size if planning and cfg.world_size is not None else nodes * ranks
     if world_size < 1:
         raise ConfigError("world_size", world_size, "must be >= 1")
+    if device_type == DEVICE_CUDA_SIMULATED:
+        simulated_allocator_limits(cfg)  # refuses a reserve that leaves the allocator nothing
     return PlanTarget(device_type=device_type, ranks_per_node=ranks, world_size=world_size,
                       capacity_bytes=capacity_bytes(cfg, device_type, device_memory_bytes))
 
 
 def _dist_backend(cfg: RunConfig, device_type: str) -> str:
     hw = cfg.hardware
-    backend = hw.dist_backend if hw.dist_backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+    if device_type == DEVICE_CUDA_SIMULATED:
+        backend = "gloo"  # the ranks run on CPU, whatever the preset's GPUs use
+    else:
+        backend = hw.dist_backend if hw.dist_backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
     if backend not in ("gloo", "nccl"):
         raise ConfigError("hardware.dist_backend", backend, "use one of auto, gloo, nccl")
     if backend == "nccl" and device_type == "cpu":
         raise ConfigError("hardware.dist_backend", backend, "nccl needs CUDA; use gloo (or auto) on CPU")
     if hw.memory_fraction is not None:
-        if device_type != "cuda":
+        if not has_cuda_allocator(device_type):
             raise ConfigError("hardware.memory_fraction", hw.memory_fraction,
                               "caps the CUDA caching allocator; on CPU lower hardware.capacity_gib instead")
         if not 0 < hw.memory_fraction <= 1:
@@ -225,21 +253,37 @@ def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int |
     if cfg.record.nvml_interval_ms < 1:
         raise ConfigError("record.nvml_interval_ms", cfg.record.nvml_interval_ms, "must be >= 1")
     validate_workload(cfg.workload)
-    _validate_sharding(cfg, launch.device_type)
+    _validate_sharding(cfg, kernel_device(launch.device_type))
     _validate_materialized(cfg, launch, available_host_bytes)
-    if launch.device_type == "cuda":
-        _validate_allocator()
+    if has_cuda_allocator(launch.device_type):
+        _validate_allocator(cfg)
 
 
-def _validate_allocator(environ=None) -> None:
-    from bench.run.memory.cuda_env import ASYNC_BACKEND, allocator_config
+def _validate_allocator(cfg: RunConfig, environ=None) -> None:
+    from bench.accounting.allocator_config import ASYNC_BACKEND, allocator_conf_text, allocator_config
+    from bench.accounting.caching_allocator import AllocatorSettings
+    from bench.accounting.caching_allocator.settings import MIN_SPLIT_MB
 
-    allocator = allocator_config(environ)
+    settings = cfg.allocator
+    if settings.max_split_size_mb is not None and settings.max_split_size_mb < MIN_SPLIT_MB:
+        raise ConfigError("allocator.max_split_size_mb", settings.max_split_size_mb,
+                          f"must be >= {MIN_SPLIT_MB} (MiB): PyTorch refuses a split limit below its large-block size")
+    if settings.garbage_collection_threshold is not None and not 0 < settings.garbage_collection_threshold < 1:
+        raise ConfigError("allocator.garbage_collection_threshold", settings.garbage_collection_threshold,
+                          "use a fraction in (0, 1), e.g. 0.6")
+    divisions = settings.roundup_power2_divisions
+    if divisions is not None and (divisions < 1 or divisions & (divisions - 1)):
+        raise ConfigError("allocator.roundup_power2_divisions", divisions, "use a power of 2, e.g. 4")
+    allocator = allocator_config(environ, settings)
     if allocator["backend"] == ASYNC_BACKEND:
         raise ConfigError(allocator["source"], allocator["raw"],
                           f"backend:{ASYNC_BACKEND} hands allocation to the driver, and the caching allocator's "
                           f"statistics membench reads stay zero; remove backend:{ASYNC_BACKEND} (the native "
                           f"caching allocator is the default)")
+    try:  # what the environment adds, checked as torch checks it when the ranks start
+        AllocatorSettings.parse(allocator_conf_text(settings, environ))
+    except ValueError as err:
+        raise ConfigError(allocator["source"] or "allocator", allocator["raw"], f"{err}; fix or unset it") from None
 
 
 def _validate_backend(cfg: RunConfig) -> None:
@@ -291,7 +335,7 @@ def _validate_materialized(cfg: RunConfig, launch: LaunchSpec, available_host_by
                           f"tables) and cannot be trained on this machine; use `membench plan "
                           f"workload={cfg.workload.name} hardware=h100_80g world_size=512`, or train a shrunk "
                           f"copy with workload.materialize=scaled")
-    if launch.device_type == "cpu":
+    if kernel_device(launch.device_type) == DEVICE_CPU:  # the tables are materialized in host memory
         types = {cfg.sharding.type, *cfg.sharding.per_table.values()}
         replicas = launch.world_size if "data_parallel" in types else 1
         needed = replicas * sum(materialized_bytes(t, cfg.workload.embedding_optimizer) for t in spec.tables)

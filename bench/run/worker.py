@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from bench.results.schema import EXIT_FAILED, EXIT_OK, EXIT_OOM
+from bench.results.schema import DEVICE_CUDA, EXIT_FAILED, EXIT_OK, EXIT_OOM
 from bench.run.memory.factory import make_recorder
 from bench.accounting.oom import OomEvent, is_memory_failure
 from bench.run.backends import make_backend
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     # the progress file also names this rank's pid, for operators (and the fault drills)
     progress_file(args.run_dir, rank).write_text(f"{os.getpid()}\n")
-    if launch.device_type == "cuda":
+    if launch.device_type == DEVICE_CUDA:
         # GROUP_RANK: the node (agent) index torchrun gives the rank
         device = torch.device("cuda", rank_cuda_index(launch, local_rank, int(os.environ.get("GROUP_RANK", "0"))))
         torch.cuda.set_device(device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, List, Tuple
 
+from bench.report.figures.allocator import figure_allocator
 from bench.report.figures.breakdown import figure_breakdown
 from bench.report.figures.estimate import figure_estimate
 from bench.report.figures.frontier import figure_frontier
@@ -25,4 +26,5 @@ FIGURES: Tuple[Tuple[str, Builder], ...] = (
     ("OOM frontier", figure_frontier),
     ("estimated vs measured", lambda plot, runs, sweeps: figure_estimate(plot, runs)),
     ("plan mode at scale", lambda plot, runs, sweeps: figure_plan(plot, runs)),
+    ("allocated vs reserved", lambda plot, runs, sweeps: figure_allocator(plot, runs)),
 )

@@ -10,10 +10,10 @@ import torch
 
 from bench.accounting.live_tensors import LiveTensorTracker
 from bench.results.schema import complete_breakdown
-from bench.run.memory.recorder import MemoryRecorder, PhaseSample
+from bench.run.memory.recorder import MemoryRecorder, PhaseSample, TrackingMixin
 
 
-class CpuExactRecorder(MemoryRecorder):
+class CpuExactRecorder(TrackingMixin, MemoryRecorder):
     name = "cpu_exact"
     attributes_allocations = True
 
@@ -23,21 +23,6 @@ class CpuExactRecorder(MemoryRecorder):
         self.tracker = LiveTensorTracker(device, capacity_bytes, rank, on_new_peak=self._on_new_peak)
         self._process = psutil.Process()
         self._segment_breakdown: Dict[str, Dict[str, int]] = {}
-        self._active = False
-
-    def start(self) -> None:
-        """Enter the dispatch mode on this thread; everything until `stop` is counted."""
-        self.tracker.__enter__()
-        self._active = True
-
-    def stop(self) -> None:
-        if self._active:
-            self._active = False
-            self.tracker.__exit__(None, None, None)
-
-    def close(self) -> None:
-        self.stop()
-        super().close()
 
     def _on_new_peak(self) -> None:
         if self._new_segment_peak(self.tracker.live_bytes):

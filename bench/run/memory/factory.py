@@ -6,6 +6,8 @@ from typing import Optional
 
 import torch
 
+from bench.results.schema import DEVICE_CUDA_SIMULATED
+from workloads.units import GIB
 from bench.run.launchspec import capacity_bytes
 from bench.run.memory.cpu import CpuExactRecorder
 from bench.run.memory.recorder import MemoryRecorder, StepTimeRecorder
@@ -25,6 +27,16 @@ def make_recorder(cfg, launch, rank: int, device: torch.device, timeline_path: O
     capacity = rank_capacity_bytes(cfg, launch, device)
     if not cfg.record.enabled:
         return StepTimeRecorder(rank, device, capacity, timeline_path, warmup)
+    if launch.device_type == DEVICE_CUDA_SIMULATED:
+        from bench.accounting.allocator_config import allocator_settings_for
+        from bench.run.launchspec import simulated_allocator_limits
+        from bench.run.memory.simulated import SimulatedCudaRecorder
+
+        device_free, allowed = simulated_allocator_limits(cfg)
+        return SimulatedCudaRecorder(rank, capacity, int(cfg.hardware.capacity_gib * GIB), device_free, allowed,
+                                     allocator_settings_for(cfg.allocator, DEVICE_CUDA_SIMULATED), timeline_path, warmup,
+                                     snapshot_dir=run_dir if cfg.record.snapshot else None,
+                                     snapshot_max_entries=cfg.record.snapshot_max_entries)
     if device.type == "cuda":
         from bench.run.memory.cuda import CudaRecorder
 

@@ -9,13 +9,14 @@ highest reading between two `take_window_peak` calls is what a phase's peak is j
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 # Recent samples kept for inspection (a minute at the default 0.1 s): a run of hours must not grow memory
 SAMPLES_KEPT = 600
@@ -60,25 +61,45 @@ def _load_nvml(nvml: Any = None) -> Any:
     return pynvml
 
 
-def cuda_device_memory_bytes(count: int, nvml: Any = None) -> int | None:
-    """The smallest total memory of torch's first `count` CUDA devices, read through NVML, so the launching
-    process needs no CUDA context (it would sit on GPU 0 during the run); None when NVML cannot tell."""
+@contextlib.contextmanager
+def nvml_session(nvml: Any = None) -> Iterator[Any]:
+    """NVML initialised for a few reads (None when it cannot be); a failed read inside reads as None too
+    (the caller's answer is then unknown, never an error), and NVML is shut down after."""
     try:
         nvml = _load_nvml(nvml)
         nvml.nvmlInit()
     except Exception:
-        return None
+        yield None
+        return
     try:
-        totals = [int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(nvml_device_index(i))).total)
-                  for i in range(count)]
-        return min(totals) if totals else None
+        yield nvml
     except Exception:
-        return None
+        pass
     finally:
         try:
             nvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def cuda_device_name(cuda_index: int, nvml: Any = None) -> str | None:
+    """The name of torch's CUDA device `cuda_index` through NVML (no CUDA context); None when unknown."""
+    with nvml_session(nvml) as session:
+        if session is None:
+            return None
+        name = session.nvmlDeviceGetName(session.nvmlDeviceGetHandleByIndex(nvml_device_index(cuda_index)))
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def cuda_device_memory_bytes(count: int, nvml: Any = None) -> int | None:
+    """The smallest total memory of torch's first `count` CUDA devices, read through NVML, so the launching
+    process needs no CUDA context (it would sit on GPU 0 during the run); None when NVML cannot tell."""
+    with nvml_session(nvml) as session:
+        if session is None:
+            return None
+        totals = [int(session.nvmlDeviceGetMemoryInfo(session.nvmlDeviceGetHandleByIndex(nvml_device_index(i))).total)
+                  for i in range(count)]
+        return min(totals) if totals else None
 
 
 class NvmlSampler:

@@ -220,6 +220,26 @@ class MemoryRecorder:
         return {"peak_allocated_bytes": self.segment_peaks[segment]}
 
 
+class TrackingMixin:
+    """start / stop / close for a recorder whose live-tensor tracker (`self.tracker`) counts what this
+    thread allocates between start and stop (the CPU recorder, the simulated CUDA one)."""
+    _active = False
+
+    def start(self) -> None:
+        """Enter the dispatch mode on this thread; every storage from now on is counted."""
+        self.tracker.__enter__()
+        self._active = True
+
+    def stop(self) -> None:
+        if self._active:
+            self._active = False
+            self.tracker.__exit__(None, None, None)
+
+    def close(self) -> None:
+        self.stop()
+        super().close()
+
+
 class StepTimeRecorder(MemoryRecorder):
     """`record.enabled=false`: phases and step times only, no memory accounting (the overhead baseline)."""
 

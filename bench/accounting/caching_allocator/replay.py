@@ -1,0 +1,67 @@
+"""An allocation stream: the mallocs and frees a run (or a dry run) sends to the allocator, in order, so it
+can be replayed through the model under other settings or sizes before it (the planner, per rank), or through
+the real torch.cuda allocator on a GPU (scripts/gpu_check.sh compares the two)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Hashable, Iterable, List, Optional, Tuple
+
+from bench.accounting.caching_allocator.model import CachingAllocatorModel
+from bench.accounting.caching_allocator.settings import AllocatorSettings
+
+# one event: (key, bytes) allocates, (key, None) frees
+Event = Tuple[Hashable, Optional[int]]
+UNBOUNDED_BYTES = 1 << 62  # a replay predicts; it never refuses
+
+
+@dataclass
+class AllocationStream:
+    """Stands in for an allocator model and keeps what it is asked (the tracker's `allocator=`)."""
+    events: List[Event] = field(default_factory=list)
+
+    def malloc(self, nbytes: int, key: Hashable) -> int:
+        self.events.append((key, nbytes))
+        return 0
+
+    def free(self, key: Hashable) -> None:
+        self.events.append((key, None))
+
+    def to_json(self) -> List[List[int]]:
+        """[[key, bytes], [key, -1]]: keys made ints (the tracker's are already), -1 for a free."""
+        ids: Dict[Hashable, int] = {}
+        return [[ids.setdefault(key, len(ids)), -1 if nbytes is None else nbytes] for key, nbytes in self.events]
+
+    @classmethod
+    def from_json(cls, rows: Iterable[Iterable[int]]) -> "AllocationStream":
+        return cls([(int(key), None if int(nbytes) < 0 else int(nbytes)) for key, nbytes in rows])
+
+
+@dataclass(frozen=True)
+class ReplayPeaks:
+    """What a replay reached: torch's memory_stats() names, peaks over the whole stream."""
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    peak_inactive_split_bytes: int
+    num_alloc_retries: int
+
+    @property
+    def overhead_bytes(self) -> int:
+        """Reserved beyond allocated at their peaks: what the allocator costs over the tensors."""
+        return self.peak_reserved_bytes - self.peak_allocated_bytes
+
+
+def replay(events: Iterable[Event], settings: AllocatorSettings, before: Iterable[int] = (),
+           capacity_bytes: int = UNBOUNDED_BYTES) -> ReplayPeaks:
+    """Replay `events` through a fresh model, after allocating the (never freed) sizes in `before`."""
+    model = CachingAllocatorModel(capacity_bytes, settings, trace_max_entries=0)
+    for index, nbytes in enumerate(before):
+        if nbytes:
+            model.malloc(nbytes, ("before", index))
+    for key, nbytes in events:
+        if nbytes is None:
+            model.free(key)
+        else:
+            model.malloc(nbytes, key)
+    stats = model.memory_stats()
+    return ReplayPeaks(stats["allocated_bytes.all.peak"], stats["reserved_bytes.all.peak"],
+                       stats["inactive_split_bytes.all.peak"], stats["num_alloc_retries"])
