@@ -194,3 +194,28 @@ def test_simulated_gpu_run_end_to_end_byte_identical_with_settings_as_an_axis(cl
     markdown = (tmp_path / "report" / "report.md").read_text()
     section = markdown.split("## 8.")[1]
     assert "fig8_allocator.png" in section and "expandable_segments=True" in section
+
+
+def test_allocator_settings_reach_real_cuda_ranks_through_the_environment(monkeypatch):
+    """On a GPU the same allocator.* axis is PYTORCH_CUDA_ALLOC_CONF for the ranks, over the environment's
+    options; an option torch would refuse stops the run before launch, naming where it came from."""
+    from bench.run.execute import compose_run_config
+    from bench.run.launch import worker_env
+    from bench.run.launchspec import resolve_launch, validate_run
+    from workloads.validate import ConfigError
+
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "roundup_power2_divisions:4")
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    cfg = compose_run_config(["hardware=h100_80g", "hardware.ranks_per_node=2", "allocator.expandable_segments=true",
+                              "allocator.max_split_size_mb=256"])
+    launch = resolve_launch(cfg, 2, 80 * GIB)
+    env = worker_env(launch, cfg)
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "roundup_power2_divisions:4,expandable_segments:True,max_split_size_mb:256"
+    assert "PYTORCH_ALLOC_CONF" not in env
+    assert AllocatorSettings.parse(env["PYTORCH_CUDA_ALLOC_CONF"]).expandable_segments
+    simulated = compose_run_config([*SIMULATED, "allocator.expandable_segments=true"])
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in worker_env(resolve_launch(simulated, 0), simulated)  # the model's
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:10")
+    plain = compose_run_config(["hardware=h100_80g", "hardware.ranks_per_node=2"])
+    with pytest.raises(ConfigError, match="PYTORCH_ALLOC_CONF"):
+        validate_run(plain, resolve_launch(plain, 2, 80 * GIB))

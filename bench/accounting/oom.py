@@ -57,7 +57,8 @@ def format_simulated_oom(oom: Any, rank: int) -> str:
     the exact request, which parse_requested_bytes reads back."""
     return (
         f"CUDA out of memory on the simulated device of rank {rank}. Tried to allocate "
-        f"{format_size(oom.requested_bytes)} ({oom.requested_bytes} bytes); capacity {format_size(oom.capacity_bytes)}, "
+        f"{format_size(oom.requested_bytes)} ({oom.requested_bytes} bytes); "
+        f"capacity {format_size(oom.capacity_bytes)}, "
         f"{format_size(oom.allocated_bytes)} allocated, {format_size(oom.reserved_bytes)} reserved in total by "
         f"PyTorch, {format_size(oom.inactive_split_bytes)} inactive in split blocks, "
         f"{oom.num_alloc_retries} allocation retries"

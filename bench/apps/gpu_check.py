@@ -6,11 +6,11 @@
 Checks, one PASS / FAIL / SKIP line each, all written to DIR/gpu_check.json: an allocation trace replayed
 through torch.cuda and through membench's caching allocator model (peak reserved and inactive-split within
 2%), the real APIs membench reads (memory_stats keys, peak reset, allocator backend, NVML v2 and per-process
-memory, NVML index of each torch device), the CUDA recorder on a small model (peaks, NVML, breakdown, snapshot, overhead, a forced
-OOM), then `membench run` itself: the native backend on one GPU (timeline, snapshot), a forced OOM, a
-stalled rank the watchdog must end without leaving a process, and the torchrec backend with membench's
-prediction beside the measurement (SKIP when fbgemm-gpu does not import). Exit status: 0 no FAIL, 1 a
-FAIL, 2 no GPU here (one line).
+memory, NVML index of each torch device), the CUDA recorder on a small model (peaks, NVML, breakdown,
+snapshot, overhead, a forced OOM), then `membench run` itself: the native backend on one GPU (timeline,
+snapshot), a forced OOM, a stalled rank the watchdog must end without leaving a process, and the torchrec
+backend with membench's prediction beside the measurement (SKIP when fbgemm-gpu does not import). Exit status:
+0 no FAIL, 1 a FAIL, 2 no GPU here (one line).
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def run_all(simulate: bool, out_dir: Path, steps: int, width: int, batch: int, l
     stages: List[Callable[[], None]] = [
         # first: the replay needs an allocator nothing else has used yet
         lambda: allocator_replay(target, out_dir, width, batch, log),
-        lambda: log.skip("API probes", "simulated: no CUDA or NVML to ask") if simulate else api_probes(target.device, log),
+        lambda: (log.skip("API probes", "simulated: no CUDA or NVML to ask") if simulate
+                 else api_probes(target.device, log)),
         lambda: recorder_checks(target, out_dir, steps, width, batch, log),
         lambda: native_run(simulate, out_dir, log),
         lambda: oom_drill(simulate, out_dir, log),

@@ -1,6 +1,7 @@
-"""`membench run` as a user starts it, on the GPU (simulated: a GPU preset with hardware.simulate=true on CPU): the native backend with timeline and
-snapshot, a forced OOM, a stalled rank that the watchdog must end without leaving a process, and the
-torchrec backend (when fbgemm-gpu imports) with membench's prediction beside the measured peak."""
+"""`membench run` as a user starts it, on the GPU (simulated: a GPU preset with hardware.simulate=true on CPU):
+the native backend with timeline and snapshot, a forced OOM, a stalled rank that the watchdog must end without
+leaving a process, and the torchrec backend (when fbgemm-gpu imports) with membench's prediction beside the
+measured peak."""
 from __future__ import annotations
 
 import json
@@ -88,7 +89,8 @@ def watchdog_drill(simulate: bool, out_dir: Path, log: CheckLog) -> None:
     from bench.run.reaper import rank_processes
 
     summary, run_dir, tail = membench_run(out_dir, "model=native", "workload=tiny", *hardware_overrides(simulate),
-                                          f"launcher.watchdog_s={WATCHDOG_S['simulated' if simulate else 'gpu']}", env={"MEMBENCH_FAULT_HANG_RANK": "0"})
+                                          f"launcher.watchdog_s={WATCHDOG_S['simulated' if simulate else 'gpu']}",
+                                          env={"MEMBENCH_FAULT_HANG_RANK": "0"})
     left = rank_processes(run_dir) if run_dir else []
     log.check("watchdog drill", bool(summary and summary["status"] == "timeout") and not left,
               f"status {summary and summary['status']}, rank processes left: {[p.pid for p in left]}"

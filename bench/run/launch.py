@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from bench.planning.predict import score, try_predict_run
-from bench.results.schema import DEVICE_CUDA, DEVICE_CUDA_SIMULATED, RankResult, RunSummary, Status, has_cuda_allocator, job_stats
+from bench.results.schema import (DEVICE_CUDA, DEVICE_CUDA_SIMULATED, RankResult, RunSummary, Status,
+                                  has_cuda_allocator, job_stats)
 from bench.results.store import ResultsError, load_rank_result, rank_file, write_summary
 from bench.run.config import RunConfig
 from bench.run.launchspec import LaunchSpec, write_run_config
