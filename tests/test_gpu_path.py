@@ -8,6 +8,8 @@ import torch
 from bench.run.config import RunConfig
 from workloads.spec import build_spec
 
+from test_recorder import FakeSampler  # a fixed NVML reading
+
 
 class CollectiveSeen(Exception):
     """Raised by the fake collective once it has seen its arguments."""
@@ -112,30 +114,17 @@ def test_steady_state_peak_is_the_phase_where_tensors_peak():
     allocator overhead."""
     from bench.run.memory.cuda import CudaRecorder
     from bench.run.memory.cuda_stats import CudaAllocatorStats
-    from bench.run.memory.nvml import NvmlSample
 
     mib = 1 << 20
     peaks = iter([100, 1200, 300])  # peak allocated per phase (MiB); reserved 2000 MiB and NVML 2500 MiB flat
 
-    class Sampler:
-        def start(self):
-            return self
-
-        def stop(self):
-            pass
-
-        def sample_now(self):
-            return NvmlSample(0.0, 2500 * mib, 80 << 30, None, None)
-
-        def take_window_peak(self):
-            return None
 
     def read_stats(device):
         return CudaAllocatorStats(allocated_bytes=50 * mib, peak_allocated_bytes=next(peaks) * mib,
                                   reserved_bytes=2000 * mib, peak_reserved_bytes=2000 * mib)
 
     recorder = CudaRecorder(0, torch.device("cuda", 0), 80 << 30, None, warmup_steps=0, read_stats=read_stats,
-                            reset_peaks=lambda d: None, sampler=Sampler(), synchronize=lambda d: None)
+                            reset_peaks=lambda d: None, sampler=FakeSampler(2500 * mib), synchronize=lambda d: None)
     recorder._static_bytes = {"dense_params": 40 * mib}
     for name in ("forward", "backward", "optimizer"):
         with recorder.phase(0, name):
@@ -180,20 +169,7 @@ def cuda_recorder(run_dir, snapshots, stats=None):
     from bench.run.memory import snapshot as snapshot_api
     from bench.run.memory.cuda import CudaRecorder
     from bench.run.memory.cuda_stats import CudaAllocatorStats
-    from bench.run.memory.nvml import NvmlSample
 
-    class Sampler:
-        def start(self):
-            return self
-
-        def stop(self):
-            pass
-
-        def sample_now(self):
-            return NvmlSample(0.0, 3 << 30, 80 << 30, None, None)
-
-        def take_window_peak(self):
-            return None
 
     class Backend:  # bench.run.memory.snapshot with torch.cuda.memory replaced
         start_history = staticmethod(lambda n: snapshot_api.start_history(n, backend=snapshots))
@@ -202,7 +178,7 @@ def cuda_recorder(run_dir, snapshots, stats=None):
 
     return CudaRecorder(0, torch.device("cuda", 0), 80 << 30, None, 0,
                         read_stats=lambda d: stats or CudaAllocatorStats(num_ooms=1, allocated_bytes=1 << 30),
-                        reset_peaks=lambda d: None, sampler=Sampler(), snapshot_dir=run_dir, snapshots=Backend(),
+                        reset_peaks=lambda d: None, sampler=FakeSampler(3 << 30), snapshot_dir=run_dir, snapshots=Backend(),
                         synchronize=lambda d: None)
 
 
@@ -357,22 +333,13 @@ def test_a_failed_nvml_reading_skips_the_column_not_the_rank():
     from bench.run.memory.cuda import CudaRecorder
     from bench.run.memory.cuda_stats import CudaAllocatorStats
 
-    class Sampler:
-        def start(self):
-            return self
-
-        def stop(self):
-            pass
-
+    class Sampler(FakeSampler):
         def sample_now(self):
             raise RuntimeError("NVMLError_Unknown: Unknown Error")
 
-        def take_window_peak(self):
-            return None
-
     recorder = CudaRecorder(0, torch.device("cuda", 0), 1 << 30, None, 0,
                             read_stats=lambda d: CudaAllocatorStats(peak_reserved_bytes=5, reserved_bytes=5),
-                            reset_peaks=lambda d: None, sampler=Sampler(), synchronize=lambda d: None)
+                            reset_peaks=lambda d: None, sampler=Sampler(used=0), synchronize=lambda d: None)
     with recorder.phase(0, "forward"):
         pass
     result = recorder.result("ok")

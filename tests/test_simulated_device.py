@@ -13,7 +13,7 @@ import torch
 from bench.accounting.caching_allocator import AllocatorSettings, CachingAllocatorModel
 from bench.accounting.caching_allocator.replay import AllocationStream, replay
 from bench.accounting.live_tensors import LiveTensorTracker
-from workloads.units import GIB, MIB
+from workloads.units import GIB, MIB, UNBOUNDED_BYTES
 
 SIMULATED = ("hardware=h100_80g", "hardware.simulate=true", "hardware.ranks_per_node=2")
 VOLATILE = {"run_id", "started_at", "wall_s", "step_times_s", "step_time_ms_p50", "samples_per_s", "sweep_id", "plan_time_s", "snapshot_path"}
@@ -21,7 +21,7 @@ VOLATILE = {"run_id", "started_at", "wall_s", "step_times_s", "step_time_ms_p50"
 
 def model_tracker(settings=AllocatorSettings(), capacity_bytes: int = 1 << 40):
     model = CachingAllocatorModel(capacity_bytes, settings)
-    return model, LiveTensorTracker(torch.device("cpu"), 1 << 62, rank=0, allocator=model)
+    return model, LiveTensorTracker(torch.device("cpu"), UNBOUNDED_BYTES, rank=0, allocator=model)
 
 
 def train_varying(tracker, sizes_mib=(30, 32, 34, 36)) -> None:

@@ -3,3 +3,5 @@ KIB = 1024
 MIB = 1024**2
 GIB = 1024**3
 TB = 10**12
+# a capacity no allocation reaches: where memory is predicted or modelled, not refused
+UNBOUNDED_BYTES = 1 << 62

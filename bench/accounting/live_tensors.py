@@ -28,6 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_iter
 
+from bench.accounting.caching_allocator import SimulatedOutOfMemory
 from bench.accounting.oom import format_emulated_oom, format_simulated_oom
 
 
@@ -110,8 +111,6 @@ class LiveTensorTracker(TorchDispatchMode):
         is an OOM here."""
         if self.allocator is None:
             return None
-        from bench.accounting.caching_allocator import SimulatedOutOfMemory
-
         key = next(self._allocations)
         try:
             self.allocator.malloc(nbytes, key)

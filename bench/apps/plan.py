@@ -30,10 +30,11 @@ from workloads.spec import build_spec
 from workloads.validate import ConfigError, validate_workload
 
 
-def plan_job(dict_cfg: DictConfig) -> JobOutcome:
-    started = time.perf_counter()
+def checked_job(dict_cfg: DictConfig, mode: str):
+    """(run directory, config, target) of a plan or provision job, or the `invalid` outcome that ends it
+    when its config is refused (one line on stderr)."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    cfg = with_changes(to_run_config(dict_cfg), mode="plan")
+    cfg = with_changes(to_run_config(dict_cfg), mode=mode)
     try:
         target = resolve_target(cfg, visible_cuda=None)
         validate_plan_config(cfg.plan)
@@ -42,6 +43,15 @@ def plan_job(dict_cfg: DictConfig) -> JobOutcome:
         print(f"membench: {err}", file=sys.stderr)
         return JobOutcome(run_dir.name, Status.INVALID, run_dir)
     quiet_libraries()
+    return run_dir, cfg, target
+
+
+def plan_job(dict_cfg: DictConfig) -> JobOutcome:
+    started = time.perf_counter()
+    checked = checked_job(dict_cfg, "plan")
+    if isinstance(checked, JobOutcome):
+        return checked
+    run_dir, cfg, target = checked
     spec = build_spec(cfg.workload)
     print(f"[membench] planning {cfg.workload.name} ({spec.virtual_bytes / 1e12:.2f} TB of tables, "
           f"{len(spec.tables)} tables) on {target.world_size} x {cfg.hardware.name}", flush=True)
@@ -59,16 +69,10 @@ def plan_job(dict_cfg: DictConfig) -> JobOutcome:
 
 
 def provision_job(dict_cfg: DictConfig) -> JobOutcome:
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    cfg = with_changes(to_run_config(dict_cfg), mode="provision")
-    try:
-        target = resolve_target(cfg, visible_cuda=None)
-        validate_plan_config(cfg.plan)
-        validate_workload(cfg.workload)
-    except ConfigError as err:
-        print(f"membench: {err}", file=sys.stderr)
-        return JobOutcome(run_dir.name, Status.INVALID, run_dir)
-    quiet_libraries()
+    checked = checked_job(dict_cfg, "provision")
+    if isinstance(checked, JobOutcome):
+        return checked
+    run_dir, cfg, target = checked
     report = provision(cfg, target, on_world_size=world_size_progress(cfg.plan.max_world_size))
     path = run_dir / "provision.json"
     atomic_write_json(path, report)

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import torch
 
 from bench.accounting.caching_allocator import AllocatorSettings
 from bench.accounting.caching_allocator.replay import AllocationStream, ReplayPeaks, replay
 from bench.gpucheck.log import CheckLog
-from workloads.units import MIB
+from workloads.units import MIB, UNBOUNDED_BYTES
 
 REPLAY_TOLERANCE = 0.02  # of the real peak reserved (the goal for the model)
 TRACE_STEPS = 3
@@ -28,7 +27,7 @@ def record_trace(width: int, batch: int, steps: int = TRACE_STEPS) -> Allocation
 
     meta = torch.device("meta")
     stream = AllocationStream()
-    tracker = LiveTensorTracker(meta, 1 << 62, rank=0, allocator=stream)
+    tracker = LiveTensorTracker(meta, UNBOUNDED_BYTES, rank=0, allocator=stream)
     with tracker:
         model = make_model(meta, width)
         optimizer = torch.optim.Adam(model.parameters())
@@ -68,11 +67,9 @@ def replay_on_simulated_device(width: int, batch: int, steps: int) -> ReplayPeak
         model = make_model(torch.device("cpu"), width)
         optimizer = torch.optim.Adam(model.parameters())
         train(model, optimizer, None, torch.device("cpu"), steps, batch, width)
-        stats = recorder.model.memory_stats()
+        return ReplayPeaks.from_stats(recorder.model.memory_stats())
     finally:
         recorder.close()
-    return ReplayPeaks(stats["allocated_bytes.all.peak"], stats["reserved_bytes.all.peak"],
-                       stats["inactive_split_bytes.all.peak"], stats["num_alloc_retries"])
 
 
 def _describe(peaks: ReplayPeaks) -> str:
@@ -80,13 +77,12 @@ def _describe(peaks: ReplayPeaks) -> str:
             f"{peaks.peak_inactive_split_bytes / MIB:.1f} MiB, allocated {peaks.peak_allocated_bytes / MIB:.1f} MiB")
 
 
-def allocator_replay(target, out_dir: Path, width: int, batch: int, log: CheckLog,
-                     settings: Optional[AllocatorSettings] = None) -> None:
+def allocator_replay(target, out_dir: Path, width: int, batch: int, log: CheckLog) -> None:
     from bench.accounting.allocator_config import allocator_conf_text
 
     stream = record_trace(width, batch)
     (out_dir / "allocation_trace.json").write_text(json.dumps(stream.to_json()))
-    settings = settings or AllocatorSettings.parse(allocator_conf_text())  # the environment's, as torch reads it
+    settings = AllocatorSettings.parse(allocator_conf_text())  # the environment's, as torch reads it
     modelled = replay(stream.events, settings)
     if target.simulated:
         real, source = replay_on_simulated_device(width, batch, TRACE_STEPS), "simulated device"

@@ -21,10 +21,11 @@ from typing import Dict, List, Optional, Sequence
 from bench.accounting.caching_allocator.replay import AllocationStream, replay
 from bench.planning.types import RankPrediction, RankShare
 from bench.results.schema import has_cuda_allocator
-
-FEATURES = ("const", "pooled_received", "pooled_sent", "ids_input", "ids_received", "data_parallel_tables")
 from workloads.spec import WorkloadSpec
 from workloads.storage import optimizer_state_bytes
+from workloads.units import UNBOUNDED_BYTES
+
+FEATURES = ("const", "pooled_received", "pooled_sent", "ids_input", "ids_received", "data_parallel_tables")
 
 
 def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int) -> List[RankShare]:
@@ -241,7 +242,6 @@ def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[
 # Without an allocator model (a prediction made without one): the caching allocator keeps about this share
 # above what tensors use
 GPU_ALLOCATOR_OVERHEAD_FRACTION = 0.05
-UNBOUNDED_BYTES = 1 << 62  # the dry run predicts; it never refuses an allocation
 
 
 def allocator_overhead(allocations: AllocationStream, tables: Sequence[int], settings) -> int:

@@ -260,20 +260,17 @@ def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int |
 
 
 def _validate_allocator(cfg: RunConfig, environ=None) -> None:
-    from bench.accounting.allocator_config import ASYNC_BACKEND, allocator_conf_text, allocator_config
+    from bench.accounting.allocator_config import (ALLOCATOR_OPTIONS, ASYNC_BACKEND, allocator_conf_text,
+                                                   allocator_config)
     from bench.accounting.caching_allocator import AllocatorSettings
-    from bench.accounting.caching_allocator.settings import MIN_SPLIT_MB
 
     settings = cfg.allocator
-    if settings.max_split_size_mb is not None and settings.max_split_size_mb < MIN_SPLIT_MB:
-        raise ConfigError("allocator.max_split_size_mb", settings.max_split_size_mb,
-                          f"must be >= {MIN_SPLIT_MB} (MiB): PyTorch refuses a split limit below its large-block size")
-    if settings.garbage_collection_threshold is not None and not 0 < settings.garbage_collection_threshold < 1:
-        raise ConfigError("allocator.garbage_collection_threshold", settings.garbage_collection_threshold,
-                          "use a fraction in (0, 1), e.g. 0.6")
-    divisions = settings.roundup_power2_divisions
-    if divisions is not None and (divisions < 1 or divisions & (divisions - 1)):
-        raise ConfigError("allocator.roundup_power2_divisions", divisions, "use a power of 2, e.g. 4")
+    for name in ALLOCATOR_OPTIONS:  # each run setting checked by the model's own rules (torch's), alone
+        value = getattr(settings, name)
+        try:
+            AllocatorSettings(**{name: value})
+        except ValueError as err:
+            raise ConfigError(f"allocator.{name}", value, f"{err}; fix or unset it") from None
     allocator = allocator_config(environ, settings)
     if allocator["backend"] == ASYNC_BACKEND:
         raise ConfigError(allocator["source"], allocator["raw"],

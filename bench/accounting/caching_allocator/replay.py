@@ -4,14 +4,14 @@ the real torch.cuda allocator on a GPU (scripts/gpu_check.sh compares the two)."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Hashable, Iterable, List, Optional, Tuple
+from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Tuple
 
 from bench.accounting.caching_allocator.model import CachingAllocatorModel
 from bench.accounting.caching_allocator.settings import AllocatorSettings
+from workloads.units import UNBOUNDED_BYTES
 
 # one event: (key, bytes) allocates, (key, None) frees
 Event = Tuple[Hashable, Optional[int]]
-UNBOUNDED_BYTES = 1 << 62  # a replay predicts; it never refuses
 
 
 @dataclass
@@ -44,6 +44,12 @@ class ReplayPeaks:
     peak_inactive_split_bytes: int
     num_alloc_retries: int
 
+    @classmethod
+    def from_stats(cls, stats: Mapping[str, int]) -> "ReplayPeaks":
+        """From torch.cuda.memory_stats() (or the model's, in the same layout)."""
+        return cls(stats["allocated_bytes.all.peak"], stats["reserved_bytes.all.peak"],
+                   stats["inactive_split_bytes.all.peak"], stats["num_alloc_retries"])
+
     @property
     def overhead_bytes(self) -> int:
         """Reserved beyond allocated at their peaks: what the allocator costs over the tensors."""
@@ -62,6 +68,4 @@ def replay(events: Iterable[Event], settings: AllocatorSettings, before: Iterabl
             model.free(key)
         else:
             model.malloc(nbytes, key)
-    stats = model.memory_stats()
-    return ReplayPeaks(stats["allocated_bytes.all.peak"], stats["reserved_bytes.all.peak"],
-                       stats["inactive_split_bytes.all.peak"], stats["num_alloc_retries"])
+    return ReplayPeaks.from_stats(model.memory_stats())

@@ -27,9 +27,8 @@ from bench.run.memory.cuda import CudaRecorder
 from bench.run.memory.cuda_stats import parse_memory_stats
 from bench.run.memory.nvml import NvmlSample
 from bench.run.memory.recorder import PhaseSample, TrackingMixin
+from workloads.units import UNBOUNDED_BYTES
 
-# the tracker of a simulated device never refuses on its own: the allocator model decides
-UNBOUNDED = 1 << 62
 
 
 class SimulatedNvml:
@@ -91,7 +90,8 @@ class SimulatedCudaRecorder(TrackingMixin, CudaRecorder):
         self.model = CachingAllocatorModel(device_free_bytes, settings, allowed_bytes=allowed_bytes,
                                            trace_max_entries=snapshot_max_entries if snapshot_dir else 0)
         device = torch.device("cpu")
-        self.tracker = LiveTensorTracker(device, UNBOUNDED, rank, allocator=self.model)
+        # the tracker never refuses on its own: the allocator model decides
+        self.tracker = LiveTensorTracker(device, UNBOUNDED_BYTES, rank, allocator=self.model)
         super().__init__(rank, device, capacity_bytes, timeline_path, warmup_steps,
                          read_stats=lambda d: parse_memory_stats(self.model.memory_stats()),
                          reset_peaks=lambda d: self.model.reset_peak_stats(),
