@@ -1,4 +1,4 @@
-"""Exact live-tensor accounting: byte counts, frees, retagging, emulated OOM, deferred comm frees."""
+"""Exact live-tensor accounting: byte counts, frees, retagging, emulated OOM, collective buffers freed in step."""
 from __future__ import annotations
 
 import threading
@@ -65,15 +65,35 @@ def test_capacity_raises_out_of_memory_with_exact_request():
     del keep
 
 
-def test_frees_of_collective_buffers_wait_for_the_phase_end():
+@pytest.fixture
+def gloo_group():
+    """A one-rank gloo process group: its collectives run on gloo's worker threads, as in a real run."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield dist
+    dist.destroy_process_group()
+
+
+def test_collective_buffers_are_freed_when_the_training_thread_drops_them(gloo_group):
+    """The input of an async all-to-all, dropped before the wait: the work holds it until the work itself is
+    dropped. That free used to be held to the phase end (it had passed through a collective), and when
+    gloo's worker dropped the work last it came from gloo's thread at a varying moment. Now the collective
+    is completed at launch and the free happens at the training thread's `del work`, every time."""
     tr = tracker()
     with tr:
-        buf = torch.ones(256)  # 1024 B
-        tr._comm_touched.add(buf.untyped_storage()._cdata)
-        del buf
-        assert tr.live_bytes == 1024  # released, but counted until flush
-        tr.flush_deferred()
-        assert tr.live_bytes == 0
+        for _ in range(20):
+            received = torch.empty(1 << 16)
+            sent = torch.ones(1 << 16)                 # 256 KiB each
+            work = gloo_group.all_to_all_single(received, sent, async_op=True)
+            del sent
+            assert tr.live_bytes == 2 << 18            # the work still holds what it sends
+            work.wait()
+            del work
+            assert tr.live_bytes == 1 << 18            # freed at once (before: 2 << 18 until the phase end)
+            del received
+            assert tr.live_bytes == 0
+    assert tr.late_frees == 0 and tr.unsettled_collectives == 0
 
 
 def test_free_on_another_thread_is_deferred_not_raced():
@@ -93,3 +113,37 @@ def test_other_devices_are_ignored():
     with tr:
         torch.empty(1000, device="meta")
         assert tr.live_bytes == 0
+
+
+def test_gloo_threads_count_as_busy_while_they_run(tmp_path, monkeypatch):
+    """The idle check reads the scheduler state of the threads named like gloo's: a thread of that name that
+    is computing (outside the GIL, as gloo's workers do) keeps the tracker waiting; once it blocks, the wait
+    ends."""
+    import ctypes
+    import hashlib
+
+    from bench.accounting import collectives
+
+    libc = ctypes.CDLL(None)
+    named, computed, release = threading.Event(), threading.Event(), threading.Event()
+    data = bytes(64 << 20)
+
+    def gloo_like_worker():
+        libc.prctl(15, b"pt_gloo_runloop", 0, 0, 0)  # PR_SET_NAME, as c10::setThreadName names gloo's workers
+        named.set()
+        for _ in range(8):
+            hashlib.sha256(data).digest()  # about a second of work without the GIL
+        computed.set()
+        release.wait()
+
+    worker = threading.Thread(target=gloo_like_worker, daemon=True)
+    worker.start()
+    named.wait()
+    assert collectives._thread_states() != []
+    assert not collectives.wait_until_gloo_idle(timeout_s=0.05)  # running
+    computed.wait()
+    assert collectives.wait_until_gloo_idle(timeout_s=5)         # blocked in Event.wait
+    release.set()
+    worker.join()
+    monkeypatch.setattr(collectives, "TASKS_DIR", tmp_path / "absent")  # no /proc: never seen idle
+    assert not collectives.wait_until_gloo_idle(timeout_s=0.05)

@@ -62,22 +62,26 @@ def test_expandable_segments_lowers_reserved_when_block_sizes_vary_step_to_step(
 
 
 def test_a_free_deferred_to_the_phase_end_never_collides_with_a_reused_address():
-    """A collective's buffer, freed at the phase end, while a new storage already reuses its address (cdata):
-    the model keys allocations by a count, not by address (keyed by address it raised KeyError)."""
+    """A free that arrives from another thread is applied at the phase end, while a new storage may already
+    reuse its address (cdata): the model keys allocations by a count, not by address (keyed by address it
+    raised KeyError). The drop is made on this thread, seen as another's, so that malloc reuses the address."""
     model, tracker = model_tracker()
     reused = 0
     with tracker:
+        owner = tracker._owner_thread
         for _ in range(10):
             sent = torch.ones(1000)
             cdata = sent.untyped_storage()._cdata
-            tracker._mark_comm([sent])  # as a c10d op's input
+            tracker._owner_thread = None  # the next free looks like a backend thread's
             del sent
+            tracker._owner_thread = owner
             fresh = torch.ones(1000)
             reused += fresh.untyped_storage()._cdata == cdata
             del fresh
         tracker.flush_deferred()
     assert reused > 0  # the address did come back while the free was pending
     assert model.memory_stats()["allocated_bytes.all.current"] == tracker.live_bytes == 0
+    assert tracker.late_frees == 10
 
 
 def test_the_model_refuses_with_a_cuda_style_oom_at_that_op():

@@ -177,6 +177,35 @@ def test_global_batch_must_split_evenly_over_ranks():
     assert cfg.workload.batch_size == RunConfig().workload.batch_size  # the checked config is not changed
 
 
+def test_warmup_covers_the_setup_steps(capsys):
+    """Steps 1-3 build what is built once (optimizer state, DDP's rebuilt buckets): never measured."""
+    from bench.run.config import SETUP_STEPS
+
+    assert SETUP_STEPS == 3
+    for asked, resolved in ((0, 3), (1, 3), (3, 3), (5, 5)):
+        assert check(run_config(warmup_steps=asked)).workload.warmup_steps == resolved
+    assert "workload.warmup_steps 1 -> 3" in capsys.readouterr().out
+    with pytest.raises(ConfigError) as info:  # a negative count is still an error, not raised silently
+        check(run_config(warmup_steps=-1))
+    assert info.value.field == "workload.warmup_steps"
+
+
+def test_cpu_mode_names_its_choices_and_memtracker_is_cpu_only():
+    cfg = run_config()
+    cfg.record.cpu_mode = "sampled"
+    with pytest.raises(ConfigError, match="one of exact, memtracker") as info:
+        check(cfg)
+    assert info.value.field == "record.cpu_mode"
+    cfg.record.cpu_mode = "memtracker"
+    check(cfg)
+    from bench.run.execute import compose_run_config
+
+    simulated = compose_run_config(["hardware=h100_80g", "hardware.simulate=true", "record.cpu_mode=memtracker"])
+    with pytest.raises(ConfigError, match="CPU ranks only") as info:
+        check(simulated)
+    assert info.value.field == "record.cpu_mode"
+
+
 def test_mlperf_preset_embedding_bytes_are_the_exact_sum_of_its_tables():
     from omegaconf import OmegaConf
 

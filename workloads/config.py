@@ -73,7 +73,7 @@ class WorkloadConfig:
     batch_size: int = 512
     # Optional global batch: when set, it must divide evenly by the world size and sets batch_size
     global_batch_size: Optional[int] = None
-    warmup_steps: int = 1
+    warmup_steps: int = 3  # at least bench.run.config.SETUP_STEPS are run
     steps: int = 5
     seed: int = 0
     # Seeds the table sizes drawn from a distribution (kept apart from `seed` so a data-seed sweep keeps

@@ -10,17 +10,17 @@ every storage that appears is also allocated in the model and every one that goe
 the same order; the model raises when it cannot place one, which becomes a torch.OutOfMemoryError at
 that op, as on a GPU.
 
-One source of run-to-run noise needs a rule: a tensor handed to a collective (a c10d op) may be
-released by the backend's own thread (gloo) a few microseconds before or after the training thread
-moves on. Such frees are therefore applied at the end of the phase in which they happen (see
-`flush_deferred`), which makes the accounting deterministic at the cost of counting those buffers
-slightly longer than they live.
+Frees are applied when they happen, on the training thread. The one thread that could otherwise drop a
+storage's last reference at a moment that varies from run to run is gloo's worker, which holds a
+collective's tensors until a moment after the collective completes; so each collective is completed where
+it is launched (bench.accounting.collectives), after which only the training thread frees, at the same
+point of the program in every run. A free that still arrives from another thread (none is expected) is
+counted in `late_frees` and applied at the end of its phase.
 """
 from __future__ import annotations
 
 import itertools
 import threading
-import time
 import weakref
 from typing import Callable, Dict, Iterable, Optional
 
@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_iter
 
 from bench.accounting.caching_allocator import SimulatedOutOfMemory
+from bench.accounting.collectives import complete_collectives
 from bench.accounting.oom import format_emulated_oom, format_simulated_oom
 
 
@@ -42,11 +43,6 @@ def _strided(values):
             yield value._values()
         elif value.layout == torch.strided:
             yield value
-
-
-SETTLE_PAUSE_S = 0.001
-SETTLE_QUIET_ROUNDS = 2
-SETTLE_MAX_ROUNDS = 40
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -68,11 +64,12 @@ class LiveTensorTracker(TorchDispatchMode):
         # storage cdata -> [nbytes, category, weakref]; cdata identifies a live C++ storage uniquely
         self._entries: Dict[int, list] = {}
         self._on_new_peak = on_new_peak
-        # storages that went through a collective, and released entries waiting for `flush_deferred`
-        self._comm_touched: set = set()
+        # entries released on another thread, waiting for `flush_deferred`; how many there were in all
         self._deferred: list = []
+        self.late_frees = 0
+        # collectives whose gloo threads were not seen to let go (their frees may come late)
+        self.unsettled_collectives = 0
         self._owner_thread = threading.get_ident()
-        self._comm_in_phase = False
         # the allocator model's key of each allocation: a count, since a deferred free may still hold a
         # cdata that a new storage already reuses
         self._allocations = itertools.count(1)
@@ -93,9 +90,8 @@ class LiveTensorTracker(TorchDispatchMode):
         if entry is None or entry[2] is not ref:
             return
         del self._entries[cdata]  # frees the slot at once: the address may be reused right away
-        if cdata in self._comm_touched or threading.get_ident() != self._owner_thread:
-            # Only list operations here: this may run on a backend thread, counters are not touched.
-            self._comm_touched.discard(cdata)
+        if threading.get_ident() != self._owner_thread:
+            # Only list operations here: this runs on a backend thread, counters are not touched.
             self._deferred.append(entry)
             return
         self._uncharge(entry)
@@ -119,11 +115,9 @@ class LiveTensorTracker(TorchDispatchMode):
         return key
 
     def flush_deferred(self) -> None:
-        """Apply the frees of collective buffers released during the phase that is ending."""
-        if self._comm_in_phase:
-            self._settle()
-            self._comm_in_phase = False
+        """Apply the frees that arrived from other threads during the phase that is ending."""
         while self._deferred:
+            self.late_frees += 1
             self._uncharge(self._deferred.pop())
 
     def _on_device(self, storage: torch.UntypedStorage) -> bool:
@@ -160,32 +154,12 @@ class LiveTensorTracker(TorchDispatchMode):
     def reset_phase_peak(self) -> None:
         self.phase_peak_bytes = self.live_bytes
 
-    def _settle(self) -> None:
-        """Let backend threads finish releasing collective buffers before the phase is closed.
-
-        A gloo thread that drops the last reference to a buffer must take the GIL to run the release
-        (the storage's Python object and our weakref callback); while this thread runs Python it waits,
-        so without this pause its release would land after the phase boundary in some runs only.
-        Sleeping hands over the GIL; stop after SETTLE_QUIET_ROUNDS pauses in a row with no release.
-        """
-        quiet = 0
-        for _ in range(SETTLE_MAX_ROUNDS):
-            before = len(self._deferred)
-            time.sleep(SETTLE_PAUSE_S)
-            quiet = quiet + 1 if len(self._deferred) == before else 0
-            if quiet >= SETTLE_QUIET_ROUNDS:
-                return
-
-    def _mark_comm(self, tree) -> None:
-        self._comm_in_phase = True
-        for tensor in _strided(tree_iter(tree)):
-            self._comm_touched.add(tensor.untyped_storage()._cdata)
-
     # -- interception ----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func.namespace == "c10d":
-            self._mark_comm((args, kwargs, out))
+        if func.namespace == "c10d" and threading.get_ident() == self._owner_thread:
+            if not complete_collectives(tree_iter(out)):
+                self.unsettled_collectives += 1
         new_bytes = 0
         fresh = []
         for tensor in _strided(tree_iter(out)):

@@ -57,6 +57,8 @@ def points_from_run_dir(run_dir: Path, label: str) -> List[Point]:
     if summary.status != "ok" or summary.mode != "train":
         return []
     cfg, launch = load_run_config(run_dir)
+    if cfg.model.backend != "torchrec":
+        return []  # the predictor models torchrec's sharding and kernels; no native run gets a prediction
     spec = build_spec(cfg.workload)
     shares = shares_from_plan(json.loads((run_dir / "sharding_plan.json").read_text()), spec, launch.world_size)
     predictions = predict(spec, shares, {})

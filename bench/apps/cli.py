@@ -39,6 +39,7 @@ examples:
   membench run -m workload.batch_size=256,1024 workload.num_tables=4,16
   membench run hardware=h100_80g hardware.simulate=true    # a GPU preset on CPU: caching allocator modelled
   membench run -m hardware=h100_80g hardware.simulate=true allocator.expandable_segments=false,true
+  membench run record.cpu_mode=memtracker           # cross-check: PyTorch's MemTracker counts instead
   membench run --help                               # config groups and every option
   membench plan workload=tb_10 hardware=h100_80g world_size=512
   membench provision workload=tb_1 hardware=h100_80g plan.headroom=0.1

@@ -124,7 +124,7 @@ class SessionState:
 def finished_run(entry: SuiteEntry, run_dir: Path) -> RunSummary:
     """An earlier session's run of `entry`, refused in one line when it is missing, unreadable or was made
     from another definition of the entry."""
-    from bench.run.config import config_hash
+    from bench.run.config import config_hash, with_setup_steps
     from bench.run.execute import compose_run_config
 
     if not (run_dir / "summary.json").is_file():
@@ -134,7 +134,7 @@ def finished_run(entry: SuiteEntry, run_dir: Path) -> RunSummary:
         summary = load_summary(run_dir)
     except ResultsError as err:
         pytest.fail(f"{entry.name}: {err}", pytrace=False)
-    expected = config_hash(compose_run_config(entry.all_overrides()))
+    expected = config_hash(with_setup_steps(compose_run_config(entry.all_overrides())))  # as `run` resolves it
     if summary.config_hash != expected:
         pytest.fail(f"{entry.name}: the run at {run_dir} was made from another definition of this entry (config hash "
                     f"{summary.config_hash}, the suite's is {expected}); run the suite again without "

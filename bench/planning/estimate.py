@@ -111,7 +111,7 @@ class DryRunModel:
         """Two training steps counted by the live-tensor tracker. With a `share`, the sparse side of
         the rank is simulated too: input ids, received ids (kept for the fused backward), the pooled
         lookups and the all-to-all buffers of forward and backward, with the lifetimes torchrec gives them
-        (collective buffers last until the end of their phase, as in the CPU recorder)."""
+        (a collective's buffers go when the training thread drops them, as the CPU recorder counts them)."""
         allocations = AllocationStream() if record_allocations else None
         tracker = self._tracker(allocations)
         with tracker:
@@ -147,14 +147,12 @@ class DryRunModel:
         dense, labels = self._empty(batch * cfg.num_dense_features).view(batch, -1), self._empty(batch)
         held: list = []  # what the backward all-to-all allocates, until the step's backward is over
         if share is not None:
-            kept, comm = self._sparse_forward(share, world_size, held)
+            kept = self._sparse_forward(share, world_size, held)
         else:
             self.pooled = self._empty(batch * total_dims).view(batch, total_dims).requires_grad_()
         logits = self.dlrm(dense, None).squeeze(-1)
+        self.pooled = None  # the received pooled embeddings: consumed by the interaction, not saved for backward
         loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
-        if share is not None:
-            del comm  # end of forward: the collective buffers go
-            tracker.flush_deferred()
         loss.backward()
         held.clear()
         tracker.category = "dense_optimizer"
@@ -163,9 +161,8 @@ class DryRunModel:
         self.pooled = None
 
     def _sparse_forward(self, share: RankShare, world_size: int, held: list):
-        """The rank's sparse side up to the pooled embeddings the dense part consumes: (what stays alive
-        until the step ends: ids, received ids, the received pooled buffer; the forward's collective
-        buffers)."""
+        """The rank's sparse side up to the pooled embeddings the dense part consumes (`self.pooled`, alive
+        until the forward ends); returns what stays alive until the step ends: ids and received ids."""
         import torch
 
         batch, total_dims = self.spec.config.batch_size, sum(self.dims)
@@ -174,11 +171,14 @@ class DryRunModel:
         ids = [self._empty(batch * total_pooling, torch.int64), self._empty(len(self.dims) * batch, torch.int32)]
         received_ids = self._empty(batch * world_size * share.sent_pooling, torch.int64)
         lookups = self._empty(sent)
-        comm = [self._empty(sent), self._empty(batch * total_dims)]  # registered send copy, receive buffer
+        send_copy, received = self._empty(sent), self._empty(batch * total_dims)  # registered copy, receive buffer
         del lookups
-        received = comm[1].requires_grad_()
-        self.pooled = self._all_to_all(sent, held).apply(received)
-        return [ids, received_ids, received], comm
+        # received is the output of torchrec's all-to-all, not a leaf (a leaf would live on in its AccumulateGrad
+        # node until backward ends): the gradient flows to an empty leaf instead
+        anchor = self._empty(0).requires_grad_()
+        self.pooled = self._all_to_all(sent, held).apply(anchor, received)
+        del send_copy  # freed once the collective is done
+        return [ids, received_ids]
 
     def _all_to_all(self, sent: int, held: list):
         """The pooled embeddings' all-to-all as an autograd function whose backward allocates what
@@ -189,13 +189,15 @@ class DryRunModel:
 
         class AllToAll(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, received):
+            def forward(ctx, anchor, received):
                 return received.view(batch, total_dims)
 
             @staticmethod
             def backward(ctx, grad):
-                held.extend([empty(grad.numel()), empty(sent)])
-                return grad.reshape(-1)
+                registered = empty(grad.numel())  # the gradient's send copy, freed once the collective is done
+                held.append(empty(sent))           # the lookups' gradient, until the fused backward consumed it
+                del registered
+                return empty(0), None
 
         return AllToAll
 

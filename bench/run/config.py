@@ -72,10 +72,21 @@ class ShardingConfig:
     compute_kernel: str = "auto"
 
 
+CPU_MODES = ("exact", "memtracker")
+
+# Steps that build what a training job builds once, never measured: step 1 creates the optimizer state and
+# torchrec's lazily built modules; DDP (the dense part of both backends) rebuilds its gradient buckets once,
+# allocating the new buckets before it frees the old ones: in the forward of step 2, or of step 3 with
+# static_graph=True (torchrec's DMP). From step 4 on every step allocates and frees the same.
+# workload.warmup_steps below this is raised to it.
+SETUP_STEPS = 3
+
+
 @dataclass
 class RecordConfig:
     enabled: bool = True
-    # exact: live-tensor accounting of every op (CPU, deterministic); sampled: ownership + RSS only
+    # CPU ranks: exact = membench's live-tensor accounting of every op (deterministic); memtracker =
+    # PyTorch's MemTracker counts instead (a cross-check of exact; not byte-identical run to run)
     cpu_mode: str = "exact"
     timeline: bool = True
     nvml_interval_ms: int = 100
@@ -180,6 +191,16 @@ def config_hash(cfg: RunConfig) -> str:
     payload = {name: OmegaConf.to_container(OmegaConf.structured(getattr(cfg, name)))
                for name in HASHED_SECTIONS}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def with_setup_steps(cfg: RunConfig) -> RunConfig:
+    """`cfg` with workload.warmup_steps raised to SETUP_STEPS (a copy when it changes; negative counts are left
+    for validation to refuse)."""
+    if not 0 <= cfg.workload.warmup_steps < SETUP_STEPS:
+        return cfg
+    resolved = copy.deepcopy(cfg)
+    resolved.workload.warmup_steps = SETUP_STEPS
+    return resolved
 
 
 def with_changes(cfg: RunConfig, **changes) -> RunConfig:

@@ -23,7 +23,7 @@ from bench.planning.types import PlanTarget
 from bench.results.schema import (DEVICE_CPU, DEVICE_CUDA, DEVICE_CUDA_SIMULATED, has_cuda_allocator,
                                   kernel_device)
 from bench.results.store import atomic_write_json, atomic_write_text
-from bench.run.config import RunConfig, to_run_config
+from bench.run.config import CPU_MODES, SETUP_STEPS, RunConfig, to_run_config, with_setup_steps
 from workloads.spec import build_spec
 from workloads.storage import materialized_bytes
 from workloads.units import GIB, MIB
@@ -229,16 +229,21 @@ def rank_cuda_index(launch: LaunchSpec, local_rank: int, node_rank: int) -> int:
 
 def resolve_run(cfg: RunConfig, launch: LaunchSpec) -> RunConfig:
     """A copy of `cfg` with what the launch decides filled in: workload.global_batch_size -> the per-rank
-    batch_size (refused when it does not split evenly over the ranks)."""
+    batch_size (refused when it does not split evenly over the ranks); warm-up steps raised to cover the
+    one-time setup (SETUP_STEPS)."""
+    resolved = copy.deepcopy(with_setup_steps(cfg))
+    if resolved.workload.warmup_steps != cfg.workload.warmup_steps:
+        print(f"[membench] workload.warmup_steps {cfg.workload.warmup_steps} -> {SETUP_STEPS}: the first "
+              f"{SETUP_STEPS} steps build what is built once (optimizer state, DDP's rebuilt gradient buckets), "
+              f"so the measured steps start after them", flush=True)
     global_batch = cfg.workload.global_batch_size
     if global_batch is None:
-        return cfg
+        return resolved
     world_size = launch.world_size
     if global_batch < 1 or global_batch % world_size:
         raise ConfigError("workload.global_batch_size", global_batch,
                           f"must be a positive multiple of the world size ({world_size}); e.g. "
                           f"{max(world_size, global_batch - global_batch % world_size)}")
-    resolved = copy.deepcopy(cfg)
     resolved.workload.batch_size = global_batch // world_size
     return resolved
 
@@ -248,8 +253,11 @@ def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int |
     if cfg.mode != "train":
         raise ConfigError("mode", cfg.mode, "`membench run` trains; use `membench plan` or `membench provision`")
     _validate_backend(cfg)
-    if cfg.record.cpu_mode != "exact":
-        raise ConfigError("record.cpu_mode", cfg.record.cpu_mode, "only `exact` is available")
+    if cfg.record.cpu_mode not in CPU_MODES:
+        raise ConfigError("record.cpu_mode", cfg.record.cpu_mode, f"one of {', '.join(CPU_MODES)}")
+    if cfg.record.cpu_mode == "memtracker" and launch.device_type != DEVICE_CPU:
+        raise ConfigError("record.cpu_mode", cfg.record.cpu_mode,
+                          "PyTorch's MemTracker cross-check runs on CPU ranks only (hardware=cpu)")
     if cfg.record.nvml_interval_ms < 1:
         raise ConfigError("record.nvml_interval_ms", cfg.record.nvml_interval_ms, "must be >= 1")
     validate_workload(cfg.workload)

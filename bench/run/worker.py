@@ -24,6 +24,7 @@ from bench.accounting.oom import OomEvent, is_memory_failure
 from bench.run.backends import make_backend
 from bench.planning.torchrec_adapter import quiet_libraries
 from bench.results.store import heartbeat, progress_file, timeline_file, write_rank_result
+from bench.run.config import SETUP_STEPS
 from bench.run.launchspec import LaunchSpec, load_run_config, rank_cuda_index
 from workloads.data import SyntheticBatches
 from workloads.spec import build_spec
@@ -58,8 +59,11 @@ def train(cfg, launch: LaunchSpec, run_dir: Path, rank: int, device: torch.devic
             for category, optimizer in backend.optimizers:
                 with recorder.category(category):
                     optimizer.step()
-            if step == 0:  # grads, optimizer state and lazily built modules exist only now
+            if step < SETUP_STEPS:
+                # what the setup steps build gets its owner: grads, optimizer state and lazily built modules
+                # (step 1), DDP's rebuilt gradient buckets (steps 2-3; else they would count as activations)
                 recorder.attribute(backend.ownership())
+            if step == 0:
                 backend.after_first_step(recorder, lambda message: log(rank, message))
             for _, optimizer in backend.optimizers:
                 optimizer.zero_grad()

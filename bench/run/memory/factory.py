@@ -44,4 +44,8 @@ def make_recorder(cfg, launch, rank: int, device: torch.device, timeline_path: O
                             nvml_interval_s=cfg.record.nvml_interval_ms / 1000,
                             snapshot_dir=run_dir if cfg.record.snapshot else None,
                             snapshot_max_entries=cfg.record.snapshot_max_entries)
+    if cfg.record.cpu_mode == "memtracker":
+        from bench.run.memory.memtracker import MemTrackerRecorder
+
+        return MemTrackerRecorder(rank, device, capacity, timeline_path, warmup)
     return CpuExactRecorder(rank, device, capacity, timeline_path, warmup)

@@ -221,8 +221,8 @@ class MemoryRecorder:
 
 
 class TrackingMixin:
-    """start / stop / close for a recorder whose live-tensor tracker (`self.tracker`) counts what this
-    thread allocates between start and stop (the CPU recorder, the simulated CUDA one)."""
+    """start / stop / close for a recorder whose tracker (`self.tracker`, a dispatch mode) counts what this
+    thread allocates between start and stop (the CPU recorder, the simulated CUDA one, MemTracker's)."""
     _active = False
 
     def start(self) -> None:

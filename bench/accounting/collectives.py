@@ -1,0 +1,75 @@
+"""Collectives finished where they are launched, so that every buffer they hold is freed on the training thread.
+
+gloo runs a collective on one of its worker threads, and that thread keeps the work (and with it the
+collective's tensors) until a moment after the work completes. When the training thread has already
+dropped a buffer, the worker's release is the last one and frees it, at a moment that varies from run to
+run: the accounting would not repeat. So the tracker completes each collective at its launch: it waits for
+the work, then for every gloo thread of the process to be idle again (blocked, not running: the worker has
+let go of the work). Afterwards only the training thread can drop the last reference, at the same point
+of the program in every run. Waiting early changes no allocation or free of the training thread; it only
+gives up the overlap of communication with compute, which a CPU rank's memory figures do not depend on.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterable, List
+
+import torch
+from torch._C._distributed_c10d import Work
+
+# the worker threads gloo's process groups run collectives on, and its transport loop (Linux thread names)
+GLOO_THREAD_NAMES = ("pt_gloo_runloop", "gloo_tcp_loop")
+TASKS_DIR = Path("/proc/self/task")
+IDLE_POLL_S = 0.0001
+IDLE_READS_IN_A_ROW = 2
+IDLE_TIMEOUT_S = 5.0
+
+
+def works_in(values: Iterable[object]) -> List[Work]:
+    """The c10d works among a c10d op's outputs (the dispatcher hands them over as script objects)."""
+    return [Work.unbox(value) for value in values if isinstance(value, torch.ScriptObject)]
+
+
+def _thread_states(names=GLOO_THREAD_NAMES) -> List[str]:
+    """Scheduler state ('R' running, 'S' sleeping, ...) of each thread of this process named in `names`."""
+    states = []
+    for task in TASKS_DIR.iterdir():
+        try:
+            if (task / "comm").read_text().strip() not in names:
+                continue
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended between listing and reading
+            continue
+        states.append(stat[stat.rindex(")") + 2])
+    return states
+
+
+def gloo_threads_idle() -> bool:
+    return all(state in "SD" for state in _thread_states())
+
+
+def wait_until_gloo_idle(timeout_s: float = IDLE_TIMEOUT_S) -> bool:
+    """Poll until every gloo thread is blocked (idle) on IDLE_READS_IN_A_ROW reads in a row; False after
+    `timeout_s` without that, or where threads cannot be inspected (no /proc)."""
+    if not TASKS_DIR.is_dir():
+        return False
+    deadline = time.monotonic() + timeout_s
+    idle_reads = 0
+    while time.monotonic() < deadline:
+        idle_reads = idle_reads + 1 if gloo_threads_idle() else 0
+        if idle_reads >= IDLE_READS_IN_A_ROW:
+            return True
+        time.sleep(IDLE_POLL_S)
+    return False
+
+
+def complete_collectives(outputs: Iterable[object]) -> bool:
+    """Wait for the works among a c10d op's `outputs`, then for gloo's threads to let go of them; False when
+    the threads could not be seen idle (their late frees are then applied at the phase end)."""
+    works = works_in(outputs)
+    if not works:
+        return True
+    for work in works:
+        work.wait()
+    return wait_until_gloo_idle()
