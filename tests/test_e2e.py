@@ -46,6 +46,7 @@ def test_tiny_run_end_to_end_and_deterministic(cli):
         for field in DETERMINISTIC_FIELDS:
             assert mine[field] == theirs[field], field
     assert "per-rank memory" in run.output
+    assert "prediction vs measured, rank" in run.output and "activations" in run.output  # its terms shown
     # the prediction made before launch, scored against the measurement (calibrated on other runs)
     estimate = summary["estimate"]
     assert estimate["calibration"].startswith("membench calibrate")

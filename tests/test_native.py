@@ -35,7 +35,10 @@ def test_native_sweep_is_deterministic_adds_up_and_exports_lists_and_shows_progr
         for field in ("peak_bytes", "breakdown", "peak_step", "peak_phase"):
             assert mine[field] == theirs[field], field
     assert third["per_rank"][0]["peak_bytes"] > first["per_rank"][0]["peak_bytes"]  # the larger batch
-    assert first["estimate"] is None  # the predictor models torchrec only
+    # predicted before launch by training the rank's own model on `meta` (nothing calibrated)
+    assert first["estimate"]["calibration"].startswith("none: a dry run of the native model")
+    assert all(abs(error) <= 1.0 for error in first["estimate"]["error_pct"]), first["estimate"]["error_pct"]
+    assert "torchrec_error_pct" not in first["estimate"]
     # progress, plain lines (not a terminal): one per point, in order, with the swept overrides and an ETA
     lines = [line for line in run.output.splitlines() if line.startswith("[") and "/4] " in line]
     assert [line.split("]")[0] for line in lines] == ["[1/4", "[2/4", "[3/4", "[4/4"], run.output

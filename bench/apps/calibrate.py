@@ -1,11 +1,14 @@
 """`membench calibrate`: fit the peak predictor's coefficients from measured runs, then check them.
 
     membench calibrate [--suite conf/suite/calibrate_cpu.yaml] [--check-suite conf/suite/ci_cpu.yaml]
+    membench calibrate --validate 20 [--seed 0]    # the predictor on 20 random workloads, nothing fitted
 
 Runs every entry of the calibration suite (each its own torchrun), fits the sparse-side coefficients
 (non-negative least squares, see bench/planning/calibration.py), writes results/calibration/<hardware>.json,
 then runs the check suite and prints, per rank, the measured peak, membench's prediction and
-torchrec's planner estimate with their errors.
+torchrec's planner estimate with their errors. `--validate N` fits nothing: it draws N random workloads
+from `--seed`, runs them and prints the errors of the predictions made with the calibration on disk
+(median and max per backend; exit 1 when max > 3 % or median > 1 % or a rank has no prediction).
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ class Point:
     measured: int
     fixed: int
     features: Dict[str, float]
-    torchrec: int
+    torchrec: Optional[int]  # torchrec's planner estimate (None: a native run, which torchrec does not plan)
 
     def predicted(self, coefficients: Dict[str, float]) -> int:
         return int(round(self.fixed + sum(coefficients.get(k, 0.0) * v for k, v in self.features.items())))
@@ -57,9 +60,12 @@ def points_from_run_dir(run_dir: Path, label: str) -> List[Point]:
     if summary.status != "ok" or summary.mode != "train":
         return []
     cfg, launch = load_run_config(run_dir)
-    if cfg.model.backend != "torchrec":
-        return []  # the predictor models torchrec's sharding and kernels; no native run gets a prediction
     spec = build_spec(cfg.workload)
+    if cfg.model.backend == "native":  # its dry run is the model itself: nothing to fit, only to check
+        from bench.planning.native_estimate import predict_native
+
+        native = predict_native(spec, launch.world_size, cfg.model.sparse_grads)
+        return [Point(label, r.rank, r.peak_bytes, native[r.rank].total_bytes, {}, None) for r in summary.per_rank]
     shares = shares_from_plan(json.loads((run_dir / "sharding_plan.json").read_text()), spec, launch.world_size)
     predictions = predict(spec, shares, {})
     torchrec = (summary.estimate or {}).get("torchrec_per_rank_peak") or [0] * launch.world_size
@@ -96,11 +102,14 @@ def error_table(title: str, points: List[Point], coefficients: Dict[str, float])
     worst_ours = worst_torchrec = 0.0
     for point in points:
         ours = error_pct(point.predicted(coefficients), point.measured)
-        theirs = error_pct(point.torchrec, point.measured)
-        worst_ours, worst_torchrec = max(worst_ours, abs(ours)), max(worst_torchrec, abs(theirs))
+        worst_ours = max(worst_ours, abs(ours))
+        theirs_mib = theirs_error = "-"
+        if point.torchrec is not None:
+            theirs = error_pct(point.torchrec, point.measured)
+            worst_torchrec = max(worst_torchrec, abs(theirs))
+            theirs_mib, theirs_error = f"{point.torchrec / MIB:.2f}", f"{theirs:+.2f}"
         table.add_row(point.entry, str(point.rank), f"{point.measured / MIB:.2f}",
-                      f"{point.predicted(coefficients) / MIB:.2f}", f"{ours:+.2f}", f"{point.torchrec / MIB:.2f}",
-                      f"{theirs:+.2f}")
+                      f"{point.predicted(coefficients) / MIB:.2f}", f"{ours:+.2f}", theirs_mib, theirs_error)
     return table, worst_ours, worst_torchrec
 
 
@@ -115,7 +124,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--from-runs", type=Path, default=None,
                         help="re-fit from an earlier `membench calibrate` output directory instead of running "
                              "(its <suite name>/<entry>/ run directories)")
+    parser.add_argument("--validate", type=int, default=None, metavar="N",
+                        help="instead of fitting: run N random workloads (none from a suite) and print the "
+                             "prediction errors")
+    parser.add_argument("--seed", type=int, default=0, help="with --validate: the seed the workloads are drawn from")
     args = parser.parse_args(argv)
+    if args.validate is not None:
+        if args.validate < 1:
+            print(f"membench calibrate: --validate {args.validate}: give the number of workloads, >= 1",
+                  file=sys.stderr)
+            return 2
+        from bench.apps.prediction_check import run_validation
+
+        return run_validation(args.validate, args.seed, args.results_dir)
     try:
         suite_name = load_suite(args.suite).name
         check_name = load_suite(args.check_suite).name if str(args.check_suite) else None

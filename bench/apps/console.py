@@ -61,9 +61,32 @@ def print_run_summary(summary: RunSummary, run_dir: Path, console: Console | Non
                           f"{100 * job.utilization_mean:.2f}/{100 * job.utilization_max:.2f} %, imbalance "
                           f"{job.imbalance:.3f}, step p50 {job.step_time_ms_p50:.1f} ms, "
                           f"{job.samples_per_s:,.0f} samples/s")
+        print_prediction_terms(summary, console)
     if summary.error:
         console.print(f"[{style}]{summary.status}: {summary.error}[/{style}]")
     console.print(f"results: {run_dir}")
+
+
+def print_prediction_terms(summary: RunSummary, console: Console) -> None:
+    """The prediction made before launch beside the measurement, category by category, for the rank it
+    missed most: the term that is off is the row that differs."""
+    estimate = summary.estimate if isinstance(summary.estimate, dict) else {}
+    predicted, errors = estimate.get("per_rank_breakdown"), estimate.get("error_pct")
+    measured = {rank.rank: rank for rank in summary.per_rank if rank.status == "ok"}
+    scored = [(abs(e), r) for r, e in enumerate(errors or []) if e is not None and r in measured]
+    if not predicted or not scored:
+        return
+    _, worst = max(scored)
+    rank, terms = measured[worst], predicted[worst]
+    table = Table(title=f"prediction vs measured, rank {worst} (MiB; error {errors[worst]:+.2f} %)", title_justify="left")
+    for column in ("category", "predicted", "measured", "difference"):
+        table.add_column(column, justify="left" if column == "category" else "right")
+    for category, measured_bytes in rank.breakdown.items():
+        guess = int(terms.get(category, 0))
+        if guess or measured_bytes:
+            table.add_row(category, f"{guess / MIB:,.2f}", f"{measured_bytes / MIB:,.2f}",
+                          f"{(guess - measured_bytes) / MIB:+,.2f}")
+    console.print(table)
 
 
 def print_sweep(outcomes, console: Console | None = None) -> None:

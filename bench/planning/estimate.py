@@ -41,6 +41,7 @@ def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int)
             for share in shares:
                 share.weight_bytes += table.physical_bytes
                 share.grad_bytes += table.physical_bytes
+                share.replicated_dims += table.embedding_dim
                 share.optimizer_bytes += optimizer_state_bytes(cfg.dense_optimizer, table.physical_rows,
                                                                table.embedding_dim)
             continue  # looked up locally for the local batch: nothing crosses an all-to-all
@@ -102,7 +103,9 @@ class DryRunModel:
 
         class PooledEmbeddings(nn.Module):
             def forward(self, features):
-                return KeyedTensor(keys=model.keys, length_per_key=model.dims, values=model.pooled)
+                # handed over, not kept: torchrec's sparse arch concatenates the pooled values and drops them
+                values, model.pooled = model.pooled, None
+                return KeyedTensor(keys=model.keys, length_per_key=model.dims, values=values)
 
         self.dlrm.sparse_arch.embedding_bag_collection = PooledEmbeddings()
 
@@ -151,7 +154,6 @@ class DryRunModel:
         else:
             self.pooled = self._empty(batch * total_dims).view(batch, total_dims).requires_grad_()
         logits = self.dlrm(dense, None).squeeze(-1)
-        self.pooled = None  # the received pooled embeddings: consumed by the interaction, not saved for backward
         loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
         loss.backward()
         held.clear()
@@ -161,8 +163,8 @@ class DryRunModel:
         self.pooled = None
 
     def _sparse_forward(self, share: RankShare, world_size: int, held: list):
-        """The rank's sparse side up to the pooled embeddings the dense part consumes (`self.pooled`, alive
-        until the forward ends); returns what stays alive until the step ends: ids and received ids."""
+        """The rank's sparse side up to the pooled embeddings the dense part consumes (`self.pooled`, handed
+        to the sparse arch); returns what stays alive until the step ends: ids and received ids."""
         import torch
 
         batch, total_dims = self.spec.config.batch_size, sum(self.dims)
@@ -176,11 +178,11 @@ class DryRunModel:
         # received is the output of torchrec's all-to-all, not a leaf (a leaf would live on in its AccumulateGrad
         # node until backward ends): the gradient flows to an empty leaf instead
         anchor = self._empty(0).requires_grad_()
-        self.pooled = self._all_to_all(sent, held).apply(anchor, received)
+        self.pooled = self._all_to_all(sent, held, share).apply(anchor, received)
         del send_copy  # freed once the collective is done
         return [ids, received_ids]
 
-    def _all_to_all(self, sent: int, held: list):
+    def _all_to_all(self, sent: int, held: list, share: RankShare):
         """The pooled embeddings' all-to-all as an autograd function whose backward allocates what
         torchrec's does: a registered copy of the gradient, and the gradient of the lookups."""
         import torch
@@ -197,6 +199,10 @@ class DryRunModel:
                 registered = empty(grad.numel())  # the gradient's send copy, freed once the collective is done
                 held.append(empty(sent))           # the lookups' gradient, until the fused backward consumed it
                 del registered
+                # data-parallel tables: the gradient of their pooled output, then their dense backward's gradient
+                # of the full tables, which is added into DDP's bucket and freed
+                replicated = [empty(batch * share.replicated_dims), empty(share.grad_bytes // 4)]
+                del replicated
                 return empty(0), None
 
         return AllToAll

@@ -50,10 +50,29 @@ def sparse_part(prediction, coefficients: Dict[str, float]) -> int:
     return int(round(sum(coefficients.get(k, 0.0) * v for k, v in prediction.features.items())))
 
 
+NATIVE_SOURCE = "none: a dry run of the native model itself (bench/planning/native_estimate.py)"
+
+
+def predict_native_run(cfg, launch) -> Dict[str, Any]:
+    """The native backend's ranks, each trained on `meta` as the worker trains it (nothing calibrated;
+    torchrec's planner has nothing to say about a model it does not shard)."""
+    from bench.planning.native_estimate import predict_native
+    from workloads.spec import build_spec
+
+    predictions = predict_native(build_spec(cfg.workload), launch.world_size, cfg.model.sparse_grads)
+    return {
+        "calibration": NATIVE_SOURCE,
+        "per_rank_peak": [p.total_bytes for p in predictions],
+        "per_rank_breakdown": [p.breakdown for p in predictions],
+        "per_rank_fixed": [p.total_bytes for p in predictions],
+        "per_rank_features": [{} for _ in predictions],
+    }
+
+
 def try_predict_run(cfg, launch) -> Optional[Dict[str, Any]]:
-    if cfg.model.backend != "torchrec":
-        return None  # the predictor models torchrec's sharding and fused kernels only
     try:
+        if cfg.model.backend == "native":
+            return predict_native_run(cfg, launch)
         return predict_run(cfg, launch)
     except Exception as err:  # a prediction must never stop a measurement
         print(f"[membench] peak prediction unavailable: {type(err).__name__}: {err}".splitlines()[0],
@@ -71,6 +90,7 @@ def score(estimate: Optional[Dict[str, Any]], ranks: List[RankResult]) -> Option
         return None
     measured = {r.rank: r.peak_bytes for r in ranks if r.status == "ok"}
     for key, source in (("error_pct", "per_rank_peak"), ("torchrec_error_pct", "torchrec_per_rank_peak")):
-        estimate[key] = [error_pct(value, measured[rank]) if rank in measured else None
-                         for rank, value in enumerate(estimate[source])]
+        if source in estimate:  # a native run has no torchrec estimate
+            estimate[key] = [error_pct(value, measured[rank]) if rank in measured else None
+                             for rank, value in enumerate(estimate[source])]
     return estimate

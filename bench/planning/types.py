@@ -163,6 +163,7 @@ class RankShare:
     grad_bytes: int = 0  # data-parallel tables: dense gradients of full tables
     sent_dims: int = 0  # sum of embedding dims of the (column) shards this rank looks up
     sent_pooling: float = 0.0  # sum of mean pooling factors of the tables it looks up
+    replicated_dims: int = 0  # sum of embedding dims of the data-parallel tables (looked up for the local batch)
 
 
 @dataclass
