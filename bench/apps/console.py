@@ -67,6 +67,14 @@ def print_run_summary(summary: RunSummary, run_dir: Path, console: Console | Non
     console.print(f"results: {run_dir}")
 
 
+STATIC_CATEGORIES = ("embedding_weights", "embedding_optimizer", "dense_params", "dense_grads", "dense_optimizer")
+
+
+def static_bytes(breakdown: dict) -> int:
+    """What a rank holds whatever the batch: weights, their optimizer state, DDP's gradient buckets."""
+    return sum(int(breakdown.get(category, 0)) for category in STATIC_CATEGORIES)
+
+
 def print_prediction_terms(summary: RunSummary, console: Console) -> None:
     """The prediction made before launch beside the measurement, category by category, for the rank it
     missed most: the term that is off is the row that differs."""
@@ -87,6 +95,13 @@ def print_prediction_terms(summary: RunSummary, console: Console) -> None:
             table.add_row(category, f"{guess / MIB:,.2f}", f"{measured_bytes / MIB:,.2f}",
                           f"{(guess - measured_bytes) / MIB:+,.2f}")
     console.print(table)
+    parts = estimate.get("torchrec_per_rank_parts")
+    if parts:
+        shards, dense, kjt = (parts[key][worst] for key in ("shards", "dense", "kjt"))
+        console.print(f"torchrec's planner: {(shards + dense + kjt) / MIB:,.2f} MiB = shards {shards / MIB:,.2f} "
+                      f"(weights, optimizer state, its I/O estimates) + heuristic reservations: dense "
+                      f"{dense / MIB:,.2f}, KJT {kjt / MIB:,.2f}; measured {rank.peak_bytes / MIB:,.2f} "
+                      f"(static {static_bytes(rank.breakdown) / MIB:,.2f}, the rest {(rank.peak_bytes - static_bytes(rank.breakdown)) / MIB:,.2f})")
 
 
 def print_sweep(outcomes, console: Console | None = None) -> None:

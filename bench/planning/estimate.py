@@ -75,7 +75,8 @@ def features_for_rank(spec: WorkloadSpec, share: RankShare, world_size: int) -> 
 class DenseDryRun:
     params_bytes: int
     optimizer_bytes: int
-    peak_bytes: int  # params + optimizer state + activations (+ simulated sparse buffers) at the peak
+    peak_bytes: int  # params + grads + optimizer state + activations (+ simulated sparse buffers) at the peak
+    grads_bytes: int = 0  # the persistent gradient buckets (DDP)
     # for a GPU: the dry run's mallocs and frees, in order, to replay through the caching allocator model
     allocations: Optional[AllocationStream] = None
 
@@ -122,7 +123,8 @@ class DryRunModel:
                 self._step(tracker, share, world_size)
         return DenseDryRun(params_bytes=tracker.by_category.get("dense_params", 0),
                            optimizer_bytes=tracker.by_category.get("dense_optimizer", 0),
-                           peak_bytes=tracker.peak_bytes, allocations=allocations)
+                           peak_bytes=tracker.peak_bytes, allocations=allocations,
+                           grads_bytes=tracker.by_category.get("dense_grads", 0))
 
     def _tracker(self, allocator=None):
         import torch
@@ -133,6 +135,14 @@ class DryRunModel:
         tracker.track_tensors(self.params, "dense_params")
         for state in self.optimizer.state.values():
             tracker.track_tensors([v for v in state.values() if isinstance(v, torch.Tensor)], "dense_optimizer")
+        # DDP's gradient buckets (gradient_as_bucket_view): allocated once and kept, backward adds into them;
+        # gradients made anew in every backward would count the layers already done twice at its peak
+        with tracker:
+            tracker.category = "dense_grads"
+            for param in self.params:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+        tracker.track_tensors([param.grad for param in self.params], "dense_grads")
         return tracker
 
     def _empty(self, n, dtype=None):
@@ -159,7 +169,7 @@ class DryRunModel:
         held.clear()
         tracker.category = "dense_optimizer"
         self.optimizer.step()
-        self.optimizer.zero_grad()
+        self.optimizer.zero_grad(set_to_none=False)  # the buckets stay
         self.pooled = None
 
     def _sparse_forward(self, share: RankShare, world_size: int, held: list):
@@ -226,14 +236,14 @@ def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[
         if key not in runs:
             runs[key] = model.run(share, world_size, record_allocations=allocator_settings is not None)
         run = runs[key]
-        activations = run.peak_bytes - run.params_bytes - run.optimizer_bytes
+        activations = run.peak_bytes - run.params_bytes - run.grads_bytes - run.optimizer_bytes
         residual = sum(coefficients.get(name, 0.0) * value for name, value in features.items())
         breakdown = {
             "embedding_weights": share.weight_bytes,
             "embedding_optimizer": share.optimizer_bytes,
             "embedding_grads": share.grad_bytes,
             "dense_params": run.params_bytes,
-            "dense_grads": run.params_bytes,  # DDP keeps persistent fp32 gradient buckets
+            "dense_grads": run.grads_bytes,  # DDP keeps persistent fp32 gradient buckets
             "dense_optimizer": run.optimizer_bytes,
             "activations": int(round(activations + residual)),
         }

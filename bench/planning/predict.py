@@ -18,7 +18,7 @@ def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[st
     import torch
 
     from bench.planning.estimate import DryRunModel, add_device_overheads, predict, shares_from_plan
-    from bench.planning.torchrec_adapter import describe_plan, make_sharding_plan, torchrec_rank_estimates
+    from bench.planning.torchrec_adapter import describe_plan, make_sharding_plan, torchrec_estimate_parts
     from workloads.model import build_model
     from workloads.spec import build_spec
 
@@ -32,6 +32,7 @@ def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[st
         dry_run = DryRunModel(spec)
     calibration = load_calibration(calibration_dir, calibration_key(launch.device_type, cfg.hardware.name))
     shares = shares_from_plan(describe_plan(plan), spec, launch.world_size)
+    torchrec_parts = torchrec_estimate_parts(capture, launch.world_size)
     settings = allocator_settings_for(cfg.allocator, launch.device_type)
     predictions = [add_device_overheads(p, launch.device_type, cfg.hardware.non_torch_reserve_mib * MIB)
                    for p in predict(spec, shares, calibration.coefficients, dry_run, allocator_settings=settings)]
@@ -42,7 +43,10 @@ def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[st
         # what the calibration fits: measured peak - fixed part = sum(coefficient * feature)
         "per_rank_fixed": [p.total_bytes - sparse_part(p, calibration.coefficients) for p in predictions],
         "per_rank_features": [p.features for p in predictions],
-        "torchrec_per_rank_peak": torchrec_rank_estimates(capture, launch.world_size),
+        "torchrec_per_rank_peak": [sum(values) for values in zip(*torchrec_parts.values())],
+        # where torchrec's estimate comes from: its shards (static: weights, optimizer state, its I/O
+        # estimates) and its heuristic reservations on every rank (dense x6, KJT x20)
+        "torchrec_per_rank_parts": torchrec_parts,
     }
 
 

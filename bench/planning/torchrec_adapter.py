@@ -212,27 +212,26 @@ def make_sharding_plan(cfg, spec: WorkloadSpec, world_size: int, ranks_per_node:
     return plan, capture
 
 
-def _reserved_dense_and_kjt(reservation) -> List[Tuple[int, int]]:
-    """(hbm, ddr) of what torchrec's heuristic storage reservation set aside per rank for dense tensors
-    and KJTs. PRIVATE torchrec state (`_dense_storage`, `_kjt_storage`): this is the only reader."""
-    out = []
-    for name in ("_dense_storage", "_kjt_storage"):
+def _reserved_dense_and_kjt(reservation) -> Tuple[int, int]:
+    """Bytes (hbm + ddr) that torchrec's heuristic storage reservation set aside per rank for dense tensors
+    and for KJTs. PRIVATE torchrec state (`_dense_storage`, `_kjt_storage`): this is the only reader."""
+    def total(name: str) -> int:
         storage = getattr(reservation, name, None)
-        if storage is not None:
-            out.append((int(storage.hbm), int(storage.ddr)))
-    return out
+        return 0 if storage is None else int(storage.hbm) + int(storage.ddr)
+
+    return total("_dense_storage"), total("_kjt_storage")
 
 
-def torchrec_rank_estimates(capture: PlanCapture, world_size: int) -> List[int]:
-    """torchrec's own per-rank memory estimate for its chosen plan: the storage of every shard it placed
-    (weights, optimizer state and its input/output buffer estimates) plus what its storage reservation
-    set aside for dense tensors and KJTs."""
-    per_rank = [0] * world_size
+def torchrec_estimate_parts(capture: PlanCapture, world_size: int) -> Dict[str, List[int]]:
+    """torchrec's own per-rank memory estimate for its chosen plan, in its parts: `shards` (the storage of
+    every shard it placed: weights, optimizer state and its input/output buffer estimates) and what its
+    HeuristicalStorageReservation set aside on every rank for `dense` tensors (about 6x the dense
+    parameters) and `kjt` inputs (about 20x a batch's KJT)."""
+    shards = [0] * world_size
     for *_, rank, hbm_bytes, ddr_bytes in capture.shards():
-        per_rank[rank] += hbm_bytes + ddr_bytes
-    for hbm, ddr in _reserved_dense_and_kjt(capture.storage_reservation):
-        per_rank = [total + hbm + ddr for total in per_rank]
-    return per_rank
+        shards[rank] += hbm_bytes + ddr_bytes
+    dense, kjt = _reserved_dense_and_kjt(capture.storage_reservation)
+    return {"shards": shards, "dense": [dense] * world_size, "kjt": [kjt] * world_size}
 
 
 # -- torchrec's default planner as a membench placement ---------------------------------------------
