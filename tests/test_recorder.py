@@ -170,3 +170,31 @@ def test_cuda_failure_stats_dump_an_oom_snapshot(tmp_path):
     assert not any(call[0] == "dump" for call in snapshots.calls)  # not before the rank's result is written
     recorder.close()
     assert ("dump", str(tmp_path / "oom_rank1.pickle")) in snapshots.calls
+
+
+def test_a_sigterm_while_the_failure_is_written_does_not_lose_the_result(tmp_path, monkeypatch):
+    """A peer's death reaches a rank as a broken collective and, a moment later, as torchrun's SIGTERM; the
+    SIGTERM landed while the failed result was being written and the rank ended with no result (a fault
+    drill caught it once the collectives completed at launch)."""
+    import os
+    import signal
+
+    from bench.results import store
+    from bench.run import worker
+
+    recorder = CpuExactRecorder(0, CPU, 40_000, None, warmup_steps=0)
+    recorder.start()
+    write = store.write_rank_result
+
+    def write_after_a_sigterm(run_dir, result):
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered before the write's first bytecode returns
+        write(run_dir, result)
+
+    monkeypatch.setattr(worker, "write_rank_result", write_after_a_sigterm)
+    previous = signal.signal(signal.SIGTERM, worker.raise_terminated)
+    try:
+        code = worker.record_failure(tmp_path, recorder, 0, RuntimeError("Connection closed by peer"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 1
+    assert store.load_rank_result(store.rank_file(tmp_path, 0)).status == "failed"

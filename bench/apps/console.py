@@ -86,7 +86,12 @@ def print_prediction_terms(summary: RunSummary, console: Console) -> None:
         return
     _, worst = max(scored)
     rank, terms = measured[worst], predicted[worst]
-    table = Table(title=f"prediction vs measured, rank {worst} (MiB; error {errors[worst]:+.2f} %)", title_justify="left")
+    interval = (estimate.get("per_rank_interval") or [None] * (worst + 1))[worst]
+    given = "" if interval is None else (
+        f"; interval {interval[0] / MIB:,.2f}-{interval[1] / MIB:,.2f} "
+        f"({'inside' if interval[0] <= rank.peak_bytes <= interval[1] else 'OUTSIDE'})")
+    table = Table(title=f"prediction vs measured, rank {worst} (MiB; error {errors[worst]:+.2f} %{given})",
+                  title_justify="left")
     for column in ("category", "predicted", "measured", "difference"):
         table.add_column(column, justify="left" if column == "category" else "right")
     for category, measured_bytes in rank.breakdown.items():

@@ -7,7 +7,6 @@ largest |error|; writes the rows and the summary to <results dir>/validate-<time
 """
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -25,6 +24,8 @@ from workloads.units import MIB
 # what the check aims at (issue "Predictions that hold on workloads no one calibrated on")
 TARGET_MAX_ABS_ERROR_PCT = 3.0
 TARGET_MEDIAN_ABS_ERROR_PCT = 1.0
+TARGET_INTERVAL_COVERAGE = 0.95  # measured peaks inside the interval given beside their prediction
+MIN_INTERVAL_RANKS = 20  # fewer re-scored ranks of a backend than this: no interval is recorded for it
 
 
 @dataclass
@@ -37,6 +38,11 @@ class ValidationRow:
     predicted_bytes: Optional[int]
     error_pct: Optional[float]  # membench's prediction, positive = over-estimate; None = no prediction
     torchrec_error_pct: Optional[float]
+    interval: Optional[List[int]] = None  # [low, high] given beside the prediction, when the calibration has one
+
+    @property
+    def in_interval(self) -> Optional[bool]:
+        return None if self.interval is None else self.interval[0] <= self.measured_bytes <= self.interval[1]
 
 
 def _value(overrides: List[str], key: str) -> str:
@@ -47,10 +53,13 @@ def rows_for_run(index: int, overrides: List[str], summary) -> List[ValidationRo
     estimate = summary.estimate or {}
     predicted = estimate.get("per_rank_peak") or []
     ours, theirs = estimate.get("error_pct") or [], estimate.get("torchrec_error_pct") or []
+    intervals = estimate.get("per_rank_interval") or []
+
+    def at(values, rank):
+        return values[rank] if rank < len(values) else None
+
     return [ValidationRow(index, _value(overrides, "model"), _value(overrides, "sharding"), r.rank, r.peak_bytes,
-                          predicted[r.rank] if r.rank < len(predicted) else None,
-                          ours[r.rank] if r.rank < len(ours) else None,
-                          theirs[r.rank] if r.rank < len(theirs) else None)
+                          at(predicted, r.rank), at(ours, r.rank), at(theirs, r.rank), at(intervals, r.rank))
             for r in summary.per_rank if r.status == "ok"]
 
 
@@ -61,6 +70,7 @@ def backend_summary(rows: List[ValidationRow]) -> Dict[str, Dict[str, object]]:
         mine = [row for row in rows if row.backend == backend]
         ours = [abs(row.error_pct) for row in mine if row.error_pct is not None]
         theirs = [abs(row.torchrec_error_pct) for row in mine if row.torchrec_error_pct is not None]
+        inside = [row.in_interval for row in mine if row.in_interval is not None]
         out[backend] = {
             "ranks": len(mine), "without_prediction": len(mine) - len(ours),
             "median_abs_error_pct": round(statistics.median(ours), 3) if ours else None,
@@ -68,14 +78,20 @@ def backend_summary(rows: List[ValidationRow]) -> Dict[str, Dict[str, object]]:
             "within_target": sum(e <= TARGET_MAX_ABS_ERROR_PCT for e in ours),
             "torchrec_median_abs_error_pct": round(statistics.median(theirs), 3) if theirs else None,
             "torchrec_max_abs_error_pct": round(max(theirs), 3) if theirs else None,
+            "with_interval": len(inside),
+            "interval_coverage": round(sum(inside) / len(inside), 4) if inside else None,
         }
     return out
 
 
 def meets_target(summary: Dict[str, Dict[str, object]]) -> bool:
+    """Per backend: every rank predicted, max and median |error| within target, and (where an interval was
+    given) at least TARGET_INTERVAL_COVERAGE of the measured peaks inside it."""
     return all(s["without_prediction"] == 0 and s["max_abs_error_pct"] is not None
                and s["max_abs_error_pct"] <= TARGET_MAX_ABS_ERROR_PCT
-               and s["median_abs_error_pct"] <= TARGET_MEDIAN_ABS_ERROR_PCT for s in summary.values())
+               and s["median_abs_error_pct"] <= TARGET_MEDIAN_ABS_ERROR_PCT
+               and (s.get("interval_coverage") is None or s["interval_coverage"] >= TARGET_INTERVAL_COVERAGE)
+               for s in summary.values())
 
 
 def _pct(value: Optional[float]) -> str:
@@ -95,12 +111,16 @@ def print_validation(rows: List[ValidationRow], summary: Dict[str, Dict[str, obj
         theirs = ("" if stats["torchrec_median_abs_error_pct"] is None else
                   f"; torchrec's planner: median {stats['torchrec_median_abs_error_pct']} %, "
                   f"max {stats['torchrec_max_abs_error_pct']} %")
+        coverage = ("no interval recorded" if stats.get("interval_coverage") is None else
+                    f"{round(stats['interval_coverage'] * stats['with_interval'])} of {stats['with_interval']} "
+                    f"inside the interval given")
         console.print(f"{backend}: {stats['ranks']} ranks, {stats['without_prediction']} without a prediction; "
                       f"|error| median {stats['median_abs_error_pct']} %, max {stats['max_abs_error_pct']} % "
-                      f"({stats['within_target']} within {TARGET_MAX_ABS_ERROR_PCT:g} %){theirs}")
+                      f"({stats['within_target']} within {TARGET_MAX_ABS_ERROR_PCT:g} %); {coverage}{theirs}")
     verdict = "meets" if meets_target(summary) else "misses"
     console.print(f"{verdict} the target: max |error| <= {TARGET_MAX_ABS_ERROR_PCT:g} %, median <= "
-                  f"{TARGET_MEDIAN_ABS_ERROR_PCT:g} %, a prediction for every rank, per backend")
+                  f"{TARGET_MEDIAN_ABS_ERROR_PCT:g} %, a prediction for every rank and >= "
+                  f"{TARGET_INTERVAL_COVERAGE:.0%} inside its interval, per backend")
 
 
 def run_validation(count: int, seed: int, results_dir: Path) -> int:
@@ -130,3 +150,57 @@ def run_validation(count: int, seed: int, results_dir: Path) -> int:
         console.print(f"workload {index}: status {status} (no measurement; see {out_dir / f'{index:02d}'})")
     console.print(f"wrote {out_dir / 'validation.json'}")
     return 0 if meets_target(summary) and not failed else 1
+
+
+def interval_from_points(points, min_ranks: int = MIN_INTERVAL_RANKS) -> Dict[str, float]:
+    """Per backend, the largest |error| of re-scored predictions (rounded up to 0.01 %): with a few dozen
+    ranks, the largest seen is the honest stand-in for a 95th percentile. Backends with fewer than
+    `min_ranks` ranks get none."""
+    import math
+
+    from bench.planning.predict import error_pct
+
+    errors: Dict[str, List[float]] = {}
+    for point in points:
+        errors.setdefault(point.backend, []).append(abs(error_pct(point.predicted({}), point.measured)))
+    return {backend: math.ceil(max(values) * 100) / 100 for backend, values in sorted(errors.items())
+            if len(values) >= min_ranks}
+
+
+def record_interval(validation_dirs: List[Path], calibration_dir: Path) -> int:
+    """`membench calibrate --record-interval DIR...`: re-score the runs of earlier --validate directories with
+    this predictor and store, per backend, the interval to give beside each prediction."""
+    import sys
+
+    from bench.apps.scored_runs import points_from_run_dir
+    from bench.planning.calibration import load_calibration, save_calibration
+
+    points = []
+    for directory in validation_dirs:
+        if not (directory / "validation.json").is_file():
+            print(f"membench calibrate: --record-interval {directory}: no validation.json there; pass the "
+                  f"validate-<time> directories that `membench calibrate --validate N` wrote", file=sys.stderr)
+            return 2
+        for summary_path in sorted(directory.glob("*/summary.json")):
+            points.extend(points_from_run_dir(summary_path.parent, summary_path.parent.name))
+    calibration = load_calibration(calibration_dir, "cpu")
+    # re-scored with the calibrated coefficients: the prediction a run makes
+    for point in points:
+        point.fixed = point.predicted(calibration.coefficients)
+        point.features = {}
+    interval = interval_from_points(points)
+    if not interval:
+        print(f"membench calibrate: --record-interval: fewer than {MIN_INTERVAL_RANKS} ranks of any backend in "
+              f"{', '.join(map(str, validation_dirs))}", file=sys.stderr)
+        return 1
+    counts = {backend: sum(p.backend == backend for p in points) for backend in interval}
+    calibration.interval_pct = interval
+    calibration.interval_source = ("membench calibrate --record-interval: the largest |error| of "
+                                   + ", ".join(f"{counts[b]} {b} ranks" for b in interval)
+                                   + " from " + ", ".join(d.name for d in validation_dirs))
+    path = save_calibration(calibration_dir, calibration)
+    console = make_console()
+    for backend, pct in interval.items():
+        console.print(f"{backend}: interval +-{pct} % (the largest |error| of {counts[backend]} ranks)")
+    console.print(f"wrote {path}")
+    return 0

@@ -4,7 +4,7 @@ one)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -32,6 +32,17 @@ class Calibration:
     max_abs_error_pct: Optional[float] = None
     source: str = "default"
     schema_version: int = CALIBRATION_SCHEMA_VERSION
+    # per backend: the half-width of the interval given beside each prediction, as |error| % (the largest
+    # seen on random workloads measured with this predictor: `membench calibrate --record-interval`)
+    interval_pct: Dict[str, float] = field(default_factory=dict)
+    interval_source: Optional[str] = None
+
+
+def prediction_interval(predicted_bytes: int, interval_pct: float) -> List[int]:
+    """[low, high] of the measured peak a prediction allows, when its error (predicted - measured) / measured
+    is within +-interval_pct."""
+    fraction = interval_pct / 100.0  # < 1: recorded from errors of working predictions
+    return [int(predicted_bytes / (1.0 + fraction)), int(predicted_bytes / (1.0 - fraction))]
 
 
 def calibration_path(root: Path, hardware: str) -> Path:

@@ -25,6 +25,8 @@ from workloads.spec import WorkloadSpec
 from workloads.storage import optimizer_state_bytes
 from workloads.units import UNBOUNDED_BYTES
 
+# what the dry run holds of data-parallel tables, counted in the plan's share instead
+REPLICATED_CATEGORIES = ("embedding_weights", "embedding_grads", "embedding_optimizer")
 FEATURES = ("const", "pooled_received", "pooled_sent", "ids_input", "ids_received", "data_parallel_tables")
 
 
@@ -42,6 +44,7 @@ def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int)
                 share.weight_bytes += table.physical_bytes
                 share.grad_bytes += table.physical_bytes
                 share.replicated_dims += table.embedding_dim
+                share.replicated_tables.append((table.physical_rows, table.embedding_dim))
                 share.optimizer_bytes += optimizer_state_bytes(cfg.dense_optimizer, table.physical_rows,
                                                                table.embedding_dim)
             continue  # looked up locally for the local batch: nothing crosses an all-to-all
@@ -118,13 +121,34 @@ class DryRunModel:
         (a collective's buffers go when the training thread drops them, as the CPU recorder counts them)."""
         allocations = AllocationStream() if record_allocations else None
         tracker = self._tracker(allocations)
+        replicated = self._replicated_optimizer(tracker, share)
         with tracker:
             for _ in range(steps):
-                self._step(tracker, share, world_size)
+                self._step(tracker, share, world_size, replicated)
+        # the replicated tables, their gradient buckets and optimizer state are in the plan's share already
+        replicated_bytes = sum(tracker.by_category.get(category, 0) for category in REPLICATED_CATEGORIES)
         return DenseDryRun(params_bytes=tracker.by_category.get("dense_params", 0),
                            optimizer_bytes=tracker.by_category.get("dense_optimizer", 0),
-                           peak_bytes=tracker.peak_bytes, allocations=allocations,
+                           peak_bytes=tracker.peak_bytes - replicated_bytes, allocations=allocations,
                            grads_bytes=tracker.by_category.get("dense_grads", 0))
+
+    def _replicated_optimizer(self, tracker, share: Optional[RankShare]):
+        """The data-parallel tables as meta parameters with persistent gradients (DDP's buckets) and the dense
+        optimizer over them (torchrec steps them with it): its step's temporaries are a full table's."""
+        import torch
+
+        from workloads.model import dense_optimizer_class
+
+        if share is None or not share.replicated_tables:
+            return None
+        cfg = self.spec.config
+        with tracker:
+            tracker.category = "embedding_weights"
+            params = [torch.nn.Parameter(torch.empty(rows, dim, device=self.meta)) for rows, dim in share.replicated_tables]
+            tracker.category = "embedding_grads"
+            for param in params:
+                param.grad = torch.zeros_like(param)
+        return dense_optimizer_class(cfg.dense_optimizer)(params, lr=cfg.dense_lr)
 
     def _tracker(self, allocator=None):
         import torch
@@ -150,8 +174,9 @@ class DryRunModel:
 
         return torch.empty(max(0, int(n)), dtype=dtype or torch.float32, device=self.meta)
 
-    def _step(self, tracker, share: Optional[RankShare], world_size: int) -> None:
+    def _step(self, tracker, share: Optional[RankShare], world_size: int, replicated=None) -> None:
         """One training step; every tensor it allocates is gone when it returns."""
+        import torch
         from torch import nn
 
         cfg = self.spec.config
@@ -169,6 +194,11 @@ class DryRunModel:
         held.clear()
         tracker.category = "dense_optimizer"
         self.optimizer.step()
+        if replicated is not None:
+            tracker.category = "activations"  # its step's temporaries; the state it creates is retagged below
+            replicated.step()
+            for state in replicated.state.values():
+                tracker.track_tensors([v for v in state.values() if isinstance(v, torch.Tensor)], "embedding_optimizer")
         self.optimizer.zero_grad(set_to_none=False)  # the buckets stay
         self.pooled = None
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from bench.accounting.allocator_config import allocator_settings_for
-from bench.planning.calibration import CALIBRATION_DIR, calibration_key, load_calibration
+from bench.planning.calibration import CALIBRATION_DIR, calibration_key, load_calibration, prediction_interval
 from bench.planning.torchrec_adapter import quiet_libraries
 from bench.results.schema import RankResult
 from workloads.units import MIB
@@ -38,6 +38,7 @@ def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[st
                    for p in predict(spec, shares, calibration.coefficients, dry_run, allocator_settings=settings)]
     return {
         "calibration": calibration.source,
+        **interval_fields([p.total_bytes for p in predictions], calibration, "torchrec"),
         "per_rank_peak": [p.total_bytes for p in predictions],
         "per_rank_breakdown": [p.breakdown for p in predictions],
         # what the calibration fits: measured peak - fixed part = sum(coefficient * feature)
@@ -57,15 +58,26 @@ def sparse_part(prediction, coefficients: Dict[str, float]) -> int:
 NATIVE_SOURCE = "none: a dry run of the native model itself (bench/planning/native_estimate.py)"
 
 
-def predict_native_run(cfg, launch) -> Dict[str, Any]:
+def interval_fields(peaks: List[int], calibration, backend: str) -> Dict[str, Any]:
+    """The interval beside each prediction, when the calibration has one for this backend."""
+    pct = calibration.interval_pct.get(backend)
+    if pct is None:
+        return {}
+    return {"interval_pct": pct, "interval_source": calibration.interval_source,
+            "per_rank_interval": [prediction_interval(peak, pct) for peak in peaks]}
+
+
+def predict_native_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[str, Any]:
     """The native backend's ranks, each trained on `meta` as the worker trains it (nothing calibrated;
     torchrec's planner has nothing to say about a model it does not shard)."""
     from bench.planning.native_estimate import predict_native
     from workloads.spec import build_spec
 
     predictions = predict_native(build_spec(cfg.workload), launch.world_size, cfg.model.sparse_grads)
+    calibration = load_calibration(calibration_dir, calibration_key(launch.device_type, cfg.hardware.name))
     return {
         "calibration": NATIVE_SOURCE,
+        **interval_fields([p.total_bytes for p in predictions], calibration, "native"),
         "per_rank_peak": [p.total_bytes for p in predictions],
         "per_rank_breakdown": [p.breakdown for p in predictions],
         "per_rank_fixed": [p.total_bytes for p in predictions],

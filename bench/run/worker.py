@@ -101,7 +101,10 @@ def write_result(run_dir: Path, recorder, status: str, oom: OomEvent | None = No
 def record_failure(run_dir: Path, recorder, rank: int, exc: BaseException) -> int:
     """A rank that raised: its result first (OOM, with where and how much, or failed), then what can take
     long (the allocator snapshot, in `close`); returns the exit code. Memory failures outside the caching
-    allocator (NCCL, cuBLAS, UVM) count as OOM too."""
+    allocator (NCCL, cuBLAS, UVM) count as OOM too. A peer's failure reaches this rank twice, as a broken
+    collective and as torchrun's SIGTERM: the second must not cut the result's writing short, so SIGTERM is
+    ignored from here on (the rank exits right after; the launcher's reaper still has SIGKILL)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     recorder.stop()
     recorder.record_failure_row()
     if is_memory_failure(exc):
