@@ -356,3 +356,11 @@ def test_generation_is_fast():
         sb.batch(step)
         best = min(best, time.perf_counter() - t0)
     assert 4096 / best > 100_000
+
+
+def test_batch_rate_json_rows_have_the_documented_keys():
+    from bench.perf.batch_rate import Row, json_rows
+
+    row, = json_rows([Row("mlperf", 26, 4096, 214, 224_000.0, 992_000.0, 826_000.0, 2904.0)])
+    assert {"shape", "ours_zipf_per_s", "ours_uniform_per_s", "randomrec_per_s", "step_per_s"} <= set(row)
+    assert row["step_per_s"] == round(4096 / 2.904, 1)

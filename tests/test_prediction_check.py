@@ -129,3 +129,4 @@ def test_calibrate_refuses_bad_validation_arguments_in_one_line(tmp_path, capsys
     errors = capsys.readouterr().err.strip().splitlines()
     assert errors[0].startswith("membench calibrate: --validate 0: give the number of workloads")
     assert errors[1].startswith(f"membench calibrate: --record-interval {tmp_path}: no validation.json there")
+

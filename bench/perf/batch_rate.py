@@ -1,7 +1,7 @@
 """How fast does the synthetic input stream produce batches, compared with what a training step eats?
 
-Run as ``python -m bench.perf.batch_rate [--batches N] [--steps N] [--quick]``. For each shape it
-prints, on this machine's CPU:
+Run as ``python -m bench.perf.batch_rate [--batches N] [--steps N] [--quick] [--json FILE]``. For each
+shape it prints, on this machine's CPU:
 
 (a) ``workloads.data.SyntheticBatches`` samples/s (Zipf ids, and uniform ids for comparison), median
     over ``--batches`` batches after a warm-up batch;
@@ -14,12 +14,15 @@ prints, on this machine's CPU:
     warm-up step;
 
 then the ratios generator / step (> 1: the generator keeps up with training on one core) and
-generator / RandomRecDataset.
+generator / RandomRecDataset. ``--json FILE`` also writes the rows (keys ``shape``, ``ours_zipf_per_s``,
+``ours_uniform_per_s``, ``randomrec_per_s``, ``step_per_s``, and the shape's sizes).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+from pathlib import Path
 import statistics
 import time
 from dataclasses import dataclass
@@ -172,6 +175,14 @@ def fmt_rate(x: float) -> str:
     return f"{x / 1e3:,.0f}k" if x >= 1e4 else f"{x:,.0f}"
 
 
+def json_rows(rows: List[Row]) -> List[dict]:
+    """The rows as ``--json`` writes them: rates in samples per second."""
+    return [{"shape": r.shape, "tables": r.tables, "batch": r.batch, "ids_per_sample": r.ids_per_sample,
+             "ours_zipf_per_s": round(r.ours_zipf, 1), "ours_uniform_per_s": round(r.ours_uniform, 1),
+             "randomrec_per_s": round(r.random_rec, 1), "step_per_s": round(r.step_rate, 1),
+             "step_ms": round(r.step_ms, 3)} for r in rows]
+
+
 def render(rows: List[Row], header: str) -> None:
     cols = [
         "shape", "tables", "batch", "ids/sample", "ours zipf /s", "ours uniform /s", "RandomRec /s",
@@ -194,6 +205,7 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--batches", type=int, default=10, help="timed batches per generator (after 1 warm-up)")
     p.add_argument("--steps", type=int, default=3, help="timed training steps per shape (after 1 warm-up)")
     p.add_argument("--quick", action="store_true", help="small batches and few repeats (smoke run)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the rows to FILE as JSON")
     args = p.parse_args(argv)
     # torchrec's KeyedJaggedTensor trips torch.fx's one-time "is_fx_tracing" deprecation warning
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
@@ -228,6 +240,9 @@ def main(argv: List[str] | None = None) -> None:
         "KeyedJaggedTensor); uniform/RandomRec compares like for like.\n"
         f"total {time.perf_counter() - t_start:.1f} s"
     )
+    if args.json is not None:
+        args.json.write_text(json.dumps({"header": header, "rows": json_rows(rows)}, indent=2) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
