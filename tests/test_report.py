@@ -239,6 +239,10 @@ def test_plan_and_estimate_figures(tmp_path, capsys):
     capacity = 80 * 1024**3
     est = {"per_rank_peak": [18 * MIB, 15 * MIB], "error_pct": [12.5, -6.25],
            "torchrec_per_rank_peak": [14 * MIB, 14 * MIB], "torchrec_error_pct": [-12.5, -12.5]}
+    # the predicted breakdown: rank 0 as measured but 2 MiB more activations, rank 1 1 MiB fewer
+    measured = make_rank(0, 16 * MIB, CAP).breakdown
+    est["per_rank_breakdown"] = [{**measured, "activations": measured["activations"] + 2 * MIB},
+                                 {**measured, "activations": measured["activations"] - MIB}]
     make_run(root / "train" / "r1", [make_rank(0, 16 * MIB, CAP), make_rank(1, 16 * MIB, CAP)], estimate=est)
     make_run(root / "train" / "r2", [make_rank(0, 30 * MIB, CAP), make_rank(1, 20 * MIB, CAP)], estimate=None)
     plans = {}
@@ -264,6 +268,10 @@ def test_plan_and_estimate_figures(tmp_path, capsys):
     estimate_rows = table(md, "run", "rank")
     assert any(row[3:8] == [str(16 * MIB), str(18 * MIB), "+12.50", str(14 * MIB), "-12.50"] for row in estimate_rows)
     assert any(row[3:6] == [str(16 * MIB), str(15 * MIB), "-6.25"] for row in estimate_rows)
+    assert_figure(out, "fig6b_estimate_by_category")
+    terms = {row[0]: row for row in table(md, "category", "ranks")}
+    assert terms["activations"][1:] == ["2", f"{MIB // 2:+,}", f"{-MIB:+,}", f"{2 * MIB:+,}"]
+    assert terms["embedding_weights"][2:] == ["+0", "+0", "+0"]
     plan_rows = {(row[0], row[2]): row for row in table(md, "workload", "hardware")}
     assert plan_rows[("tb_1", "16")][3] == "fits" and plan_rows[("tb_1", "16")][7] == f"{66 / 80 * 100:.3f}"
     assert plan_rows[("tb_10", "128")][3] == "oom" and plan_rows[("tb_10", "128")][4] == "1"

@@ -83,6 +83,9 @@ class NativeDryRun:
             self.model = NativeDLRM(spec, rank, world_size, self.meta, sparse_grads=sparse_grads)
         dense_params = list(self.model.dense.parameters())
         self.tracker.track_tensors(list(self.model.bags.parameters()), "embedding_weights")
+        for param in self.model.bags.parameters():  # as the worker does: a table's gradient, once accumulated
+            param.register_post_accumulate_grad_hook(
+                lambda p: self.tracker.track_tensors([p.grad], "embedding_grads"))
         self.tracker.track_tensors(dense_params, "dense_params")
         with self.tracker:
             self.tracker.category = "dense_grads"

@@ -5,6 +5,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from bench.report.figures.estimate_terms import draw_terms
 from bench.report.loading import Run
 from bench.report.markdown import Section, md_table
 from bench.report.style import OKABE_ITO, Plotter, Unit, pick_unit
@@ -12,7 +13,9 @@ from bench.report.style import OKABE_ITO, Plotter, Unit, pick_unit
 INTRO = ("Per rank of each finished measured run: the estimated peak (membench's estimator and "
          "torchrec's planner, from `estimate` in summary.json) against the measured one. "
          "Shaded: within ±10 % and ±25 % of y = x. Error % as stored in the summary "
-         "(estimate − measured) / measured.")
+         "(estimate − measured) / measured. Then membench's prediction against the measurement category by "
+         "category (predicted − measured bytes: mean and range over the ranks), where the term that is off "
+         "shows.")
 # (point key, legend name, marker, colour) of each estimator
 SERIES = (("membench", "membench estimate", "o", OKABE_ITO[0]), ("torchrec", "torchrec planner", "^", OKABE_ITO[1]))
 Point = Dict[str, Any]
@@ -55,6 +58,9 @@ def figure_estimate(plot: Plotter, runs: List[Run]) -> Section:
     unit = pick_unit(all_values)
     files, summary_rows = draw(plot, points, all_values, unit)
     section.figures.append(("estimate vs measured", files, table(points, unit, summary_rows)))
+    terms = draw_terms(plot, runs)
+    if terms is not None:
+        section.figures.append(terms)
     return section
 
 
