@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from bench.run.config import RunConfig
-from bench.run.launchspec import resolve_launch, resolve_run, validate_run
+from bench.run.launchspec import checked_run, resolve_launch
 from workloads.config import WorkloadConfig
 from workloads.units import GIB
 from workloads.validate import ConfigError, validate_workload
@@ -28,10 +28,7 @@ def run_config(**workload) -> RunConfig:
 
 def check(cfg: RunConfig, cuda_devices: int = 0, host_bytes: int = 20 * GIB) -> RunConfig:
     """The resolved config `membench run` would launch (the given one is never changed)."""
-    launch = resolve_launch(cfg, cuda_devices)
-    resolved = resolve_run(cfg, launch)
-    validate_run(resolved, launch, available_host_bytes=host_bytes)
-    return resolved
+    return checked_run(cfg, cuda_devices, available_host_bytes=host_bytes)[0]
 
 
 WORKLOAD_CASES = [

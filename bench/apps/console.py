@@ -103,10 +103,11 @@ def print_prediction_terms(summary: RunSummary, console: Console) -> None:
     parts = estimate.get("torchrec_per_rank_parts")
     if parts:
         shards, dense, kjt = (parts[key][worst] for key in ("shards", "dense", "kjt"))
+        static = static_bytes(rank.breakdown)
         console.print(f"torchrec's planner: {(shards + dense + kjt) / MIB:,.2f} MiB = shards {shards / MIB:,.2f} "
                       f"(weights, optimizer state, its I/O estimates) + heuristic reservations: dense "
                       f"{dense / MIB:,.2f}, KJT {kjt / MIB:,.2f}; measured {rank.peak_bytes / MIB:,.2f} "
-                      f"(static {static_bytes(rank.breakdown) / MIB:,.2f}, the rest {(rank.peak_bytes - static_bytes(rank.breakdown)) / MIB:,.2f})")
+                      f"(static {static / MIB:,.2f}, the rest {(rank.peak_bytes - static) / MIB:,.2f})")
 
 
 def print_sweep(outcomes, console: Console | None = None) -> None:

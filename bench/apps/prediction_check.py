@@ -152,17 +152,19 @@ def run_validation(count: int, seed: int, results_dir: Path) -> int:
     return 0 if meets_target(summary) and not failed else 1
 
 
-def interval_from_points(points, min_ranks: int = MIN_INTERVAL_RANKS) -> Dict[str, float]:
-    """Per backend, the largest |error| of re-scored predictions (rounded up to 0.01 %): with a few dozen
-    ranks, the largest seen is the honest stand-in for a 95th percentile. Backends with fewer than
-    `min_ranks` ranks get none."""
+def interval_from_points(points, coefficients: Optional[Dict[str, float]] = None,
+                         min_ranks: int = MIN_INTERVAL_RANKS) -> Dict[str, float]:
+    """Per backend, the largest |error| of the predictions `coefficients` give for re-scored runs (rounded up
+    to 0.01 %): with a few dozen ranks, the largest seen is the honest stand-in for a 95th percentile.
+    Backends with fewer than `min_ranks` ranks get none."""
     import math
 
     from bench.planning.predict import error_pct
 
     errors: Dict[str, List[float]] = {}
     for point in points:
-        errors.setdefault(point.backend, []).append(abs(error_pct(point.predicted({}), point.measured)))
+        errors.setdefault(point.backend, []).append(abs(error_pct(point.predicted(coefficients or {}),
+                                                                  point.measured)))
     return {backend: math.ceil(max(values) * 100) / 100 for backend, values in sorted(errors.items())
             if len(values) >= min_ranks}
 
@@ -184,11 +186,7 @@ def record_interval(validation_dirs: List[Path], calibration_dir: Path) -> int:
         for summary_path in sorted(directory.glob("*/summary.json")):
             points.extend(points_from_run_dir(summary_path.parent, summary_path.parent.name))
     calibration = load_calibration(calibration_dir, "cpu")
-    # re-scored with the calibrated coefficients: the prediction a run makes
-    for point in points:
-        point.fixed = point.predicted(calibration.coefficients)
-        point.features = {}
-    interval = interval_from_points(points)
+    interval = interval_from_points(points, calibration.coefficients)  # the prediction a run makes
     if not interval:
         print(f"membench calibrate: --record-interval: fewer than {MIN_INTERVAL_RANKS} ranks of any backend in "
               f"{', '.join(map(str, validation_dirs))}", file=sys.stderr)

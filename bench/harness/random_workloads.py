@@ -59,12 +59,10 @@ def draw_overrides(rng: random.Random, backend: str) -> List[str]:
 def is_runnable(overrides: List[str]) -> bool:
     """Does `membench run` accept these overrides on this machine (validated as it would, nothing run)?"""
     from bench.run.execute import compose_run_config
-    from bench.run.launchspec import resolve_launch, resolve_run, validate_run
+    from bench.run.launchspec import checked_run
 
     try:
-        cfg = compose_run_config(overrides)
-        launch = resolve_launch(cfg, 0)
-        validate_run(resolve_run(cfg, launch), launch)
+        checked_run(compose_run_config(overrides), cuda_devices=0)
     except ConfigError:
         return False
     return True

@@ -74,6 +74,28 @@ def features_for_rank(spec: WorkloadSpec, share: RankShare, world_size: int) -> 
     }
 
 
+def keep_gradients(tracker, params, category: str) -> None:
+    """Give `params` persistent gradients, as DDP's buckets are (gradient_as_bucket_view): allocated once and
+    kept, backward adds into them, counted under `category`. Gradients made anew in every backward would
+    count the layers already done twice at a backward peak."""
+    import torch
+
+    with tracker:
+        tracker.category = category
+        for param in params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+    tracker.track_tensors([param.grad for param in params], category)
+
+
+def track_optimizer_state(tracker, optimizer, category: str) -> None:
+    """Count every tensor of `optimizer`'s state under `category`."""
+    import torch
+
+    for state in optimizer.state.values():
+        tracker.track_tensors([v for v in state.values() if isinstance(v, torch.Tensor)], category)
+
+
 @dataclass
 class DenseDryRun:
     params_bytes: int
@@ -145,28 +167,16 @@ class DryRunModel:
         with tracker:
             tracker.category = "embedding_weights"
             params = [torch.nn.Parameter(torch.empty(rows, dim, device=self.meta)) for rows, dim in share.replicated_tables]
-            tracker.category = "embedding_grads"
-            for param in params:
-                param.grad = torch.zeros_like(param)
+        keep_gradients(tracker, params, "embedding_grads")
         return dense_optimizer_class(cfg.dense_optimizer)(params, lr=cfg.dense_lr)
 
     def _tracker(self, allocator=None):
-        import torch
-
         from bench.accounting.live_tensors import LiveTensorTracker
 
         tracker = LiveTensorTracker(self.meta, capacity_bytes=UNBOUNDED_BYTES, rank=0, allocator=allocator)
         tracker.track_tensors(self.params, "dense_params")
-        for state in self.optimizer.state.values():
-            tracker.track_tensors([v for v in state.values() if isinstance(v, torch.Tensor)], "dense_optimizer")
-        # DDP's gradient buckets (gradient_as_bucket_view): allocated once and kept, backward adds into them;
-        # gradients made anew in every backward would count the layers already done twice at its peak
-        with tracker:
-            tracker.category = "dense_grads"
-            for param in self.params:
-                if param.grad is None:
-                    param.grad = torch.zeros_like(param)
-        tracker.track_tensors([param.grad for param in self.params], "dense_grads")
+        track_optimizer_state(tracker, self.optimizer, "dense_optimizer")
+        keep_gradients(tracker, self.params, "dense_grads")
         return tracker
 
     def _empty(self, n, dtype=None):
@@ -176,7 +186,6 @@ class DryRunModel:
 
     def _step(self, tracker, share: Optional[RankShare], world_size: int, replicated=None) -> None:
         """One training step; every tensor it allocates is gone when it returns."""
-        import torch
         from torch import nn
 
         cfg = self.spec.config
@@ -197,8 +206,7 @@ class DryRunModel:
         if replicated is not None:
             tracker.category = "activations"  # its step's temporaries; the state it creates is retagged below
             replicated.step()
-            for state in replicated.state.values():
-                tracker.track_tensors([v for v in state.values() if isinstance(v, torch.Tensor)], "embedding_optimizer")
+            track_optimizer_state(tracker, replicated, "embedding_optimizer")
         self.optimizer.zero_grad(set_to_none=False)  # the buckets stay
         self.pooled = None
 

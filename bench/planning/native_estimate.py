@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Dict, List
 
+from bench.planning.estimate import keep_gradients
 from bench.planning.types import RankPrediction
 from workloads.spec import WorkloadSpec
 from workloads.units import UNBOUNDED_BYTES
@@ -87,10 +88,7 @@ class NativeDryRun:
             param.register_post_accumulate_grad_hook(
                 lambda p: self.tracker.track_tensors([p.grad], "embedding_grads"))
         self.tracker.track_tensors(dense_params, "dense_params")
-        with self.tracker:
-            self.tracker.category = "dense_grads"
-            for param in dense_params:  # DDP's gradient buckets: allocated once, kept (gradient_as_bucket_view)
-                param.grad = torch.zeros_like(param)
+        keep_gradients(self.tracker, dense_params, "dense_grads")  # DDP's buckets
         self.optimizers = [("dense_optimizer", dense_optimizer_class(cfg.dense_optimizer)(dense_params, lr=cfg.dense_lr))]
         if len(self.model.bags):
             self.optimizers.append(("embedding_optimizer", embedding_optimizer(
@@ -158,9 +156,7 @@ class NativeDryRun:
                 tracker.category = "activations"
                 batch = self._batch()
                 loss = self._forward(batch)
-                loss.backward()
-                tracker.track_tensors([p.grad for p in self.model.bags.parameters() if p.grad is not None],
-                                      "embedding_grads")
+                loss.backward()  # each table's gradient is charged to embedding_grads by its hook
                 for category, optimizer in self.optimizers:
                     tracker.category = category
                     optimizer.step()

@@ -13,7 +13,7 @@ from typing import List, Optional
 from bench.results.schema import RunSummary, Status
 from bench.results.store import write_summary
 from bench.run.config import CONF_DIR, RunConfig, register_configs, register_resolvers, to_run_config, with_changes
-from bench.run.launchspec import resolve_launch, resolve_run, validate_run, visible_cuda_devices
+from bench.run.launchspec import checked_run, visible_cuda_devices
 from bench.run.step_progress import StepWatcher
 from bench.run.summary import summary_for
 from workloads.validate import ConfigError
@@ -37,9 +37,7 @@ def execute_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[s
 
     cfg = with_changes(cfg, run_id=run_id)
     try:
-        launch = resolve_launch(cfg, *visible_cuda_devices(cfg))
-        cfg = resolve_run(cfg, launch)
-        validate_run(cfg, launch)
+        cfg, launch = checked_run(cfg, *visible_cuda_devices(cfg))
     except ConfigError as err:
         print(f"membench: {err}", file=sys.stderr)
         summary = summary_for(cfg, run_id=run_id, status=Status.INVALID, world_size=0,

@@ -231,8 +231,8 @@ def resolve_run(cfg: RunConfig, launch: LaunchSpec) -> RunConfig:
     """A copy of `cfg` with what the launch decides filled in: workload.global_batch_size -> the per-rank
     batch_size (refused when it does not split evenly over the ranks); warm-up steps raised to cover the
     one-time setup (SETUP_STEPS)."""
-    resolved = copy.deepcopy(with_setup_steps(cfg))
-    if resolved.workload.warmup_steps != cfg.workload.warmup_steps:
+    resolved = with_setup_steps(cfg)
+    if resolved is not cfg:
         print(f"[membench] workload.warmup_steps {cfg.workload.warmup_steps} -> {SETUP_STEPS}: the first "
               f"{SETUP_STEPS} steps build what is built once (optimizer state, DDP's rebuilt gradient buckets), "
               f"so the measured steps start after them", flush=True)
@@ -244,8 +244,20 @@ def resolve_run(cfg: RunConfig, launch: LaunchSpec) -> RunConfig:
         raise ConfigError("workload.global_batch_size", global_batch,
                           f"must be a positive multiple of the world size ({world_size}); e.g. "
                           f"{max(world_size, global_batch - global_batch % world_size)}")
+    if resolved is cfg:  # the caller's config stays as given
+        resolved = copy.deepcopy(cfg)
     resolved.workload.batch_size = global_batch // world_size
     return resolved
+
+
+def checked_run(cfg: RunConfig, cuda_devices: int, device_memory_bytes: Optional[int] = None,
+                available_host_bytes: int | None = None) -> Tuple[RunConfig, LaunchSpec]:
+    """(the resolved config, its launch) that `membench run` would start, or ConfigError for the first
+    problem; nothing is launched or written."""
+    launch = resolve_launch(cfg, cuda_devices, device_memory_bytes)
+    resolved = resolve_run(cfg, launch)
+    validate_run(resolved, launch, available_host_bytes)
+    return resolved, launch
 
 
 def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int | None = None) -> None:

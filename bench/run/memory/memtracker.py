@@ -56,9 +56,10 @@ class MemTrackerRecorder(TrackingMixin, MemoryRecorder):
         self._new_segment_peak(self._live_bytes())
 
     def _sample(self) -> PhaseSample:
-        phase_peak = max(self._snapshot_bytes("peak"), self._live_bytes())
+        live = self._live_bytes()
+        phase_peak = max(self._snapshot_bytes("peak"), live)
         self._new_segment_peak(phase_peak)
-        return PhaseSample(in_use_bytes=self._live_bytes(), phase_peak_bytes=phase_peak, reserved_bytes=None,
+        return PhaseSample(in_use_bytes=live, phase_peak_bytes=phase_peak, reserved_bytes=None,
                            device_used_bytes=None)
 
     def failure_stats(self) -> Dict[str, int]:
