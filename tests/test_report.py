@@ -62,7 +62,8 @@ def write_timeline(run_dir: Path, rank: RankResult, steps: int = 4, fail_at: Opt
 def make_run(run_dir: Path, ranks: List[RankResult], *, workload: str = "tiny", sharding: str = "table_wise",
              batch: int = 512, rows: int = 10000, capacity_gib: float = 0.05, status: Optional[str] = None,
              mode: str = "train", sweep_id: Optional[str] = None, estimate: Optional[dict] = None,
-             timeline: bool = True, error: Optional[str] = None, hardware: str = "cpu") -> RunSummary:
+             timeline: bool = True, error: Optional[str] = None, hardware: str = "cpu",
+             pipeline: Optional[str] = None) -> RunSummary:
     run_dir.mkdir(parents=True, exist_ok=True)
     if status is None:
         status = "oom" if any(r.status == "oom" for r in ranks) else "ok"
@@ -79,6 +80,8 @@ def make_run(run_dir: Path, ranks: List[RankResult], *, workload: str = "tiny", 
                            "embedding_dim": 64},
               "hardware": {"name": hardware, "capacity_gib": capacity_gib}, "sharding": {"type": sharding},
               "mode": mode, "results_dir": "/somewhere", "run_id": run_id}
+    if pipeline is not None:
+        config["pipeline"] = {"name": pipeline}
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     if timeline and mode == "train":
         for rank in ranks:
@@ -159,7 +162,7 @@ def test_full_report_figures_and_numbers(tmp_path, capsys):
     out = tmp_path / "rep"
     code, stdout, err = run_report(capsys, root, "--out", out, "--format", "png,svg")
     assert code == 0, err
-    assert "figure 8/8" in stdout and "report.md" in stdout
+    assert "figure 9/9" in stdout and "report.md" in stdout
     for stem in ("fig1_timeline_1", "fig2_breakdown", "fig3_utilization_cdf", "fig4_imbalance", "fig5_oom_frontier_1"):
         assert_figure(out, stem, ("png", "svg"))
     md = (out / "report.md").read_text()
@@ -370,3 +373,37 @@ def test_labels_name_what_differs(tmp_path):
                           "batch=4096 · rows=20k"]
     assert len(set(labels)) == len(labels)
     assert load_summary(runs[0].dir).run_id == runs[0].s.run_id
+
+
+def test_pipelines_figure_compares_against_base_in_batch_kjts(tmp_path, capsys):
+    """Runs that differ only in the pipeline, side by side; a run from before the axis counts as plain."""
+    root = tmp_path / "results"
+    kjt = 512 * 8 * 4 * 8 + 512 * 8 * 4  # tiny's 8 tables at mean pooling 4: ids (int64) and lengths (int32)
+    peaks = {None: 20 * MIB, "base": 20 * MIB + 1000, "sparse_dist": 20 * MIB + 1000 + 3 * kjt}
+    in_flight = {None: 0, "base": 176_128, "sparse_dist": 647_200}
+    for n, (pipeline, peak) in enumerate(peaks.items()):
+        ranks = [make_rank(0, peak, CAP), make_rank(1, peak - 10, CAP)]
+        for rank in ranks:
+            rank.breakdown["inputs_in_flight"] = in_flight[pipeline]
+            rank.breakdown["other"] -= in_flight[pipeline]
+        make_run(root / f"2026010{n}-000000-aaaaaa", ranks, pipeline=pipeline)
+    make_run(root / "20260109-000000-cccccc", [make_rank(0, 30 * MIB, CAP)], rows=99999, pipeline="base")  # no pair
+    out = tmp_path / "rep"
+    code, stdout, err = run_report(capsys, root, "--out", out, "--format", "png")
+    assert code == 0, err
+    assert_figure(out, "fig9_pipelines_1", ("png",))
+    assert not (out / "fig9_pipelines_2.png").exists()
+    rows = {row[0]: row for row in table((out / "report.md").read_text(), "pipeline", "holds beyond the trained batch")}
+    assert set(rows) == {"plain", "base", "sparse_dist"}
+    assert rows["sparse_dist"][3] == f"{peaks['sparse_dist']:,}" and rows["sparse_dist"][4] == "647,200"
+    assert rows["sparse_dist"][5] == f"{3 * kjt:+,}" and rows["sparse_dist"][6] == "+3.00"
+    assert rows["plain"][5] == "-1,000" and rows["base"][6] == "+0.00"
+
+
+def test_pipelines_figure_skipped_without_a_pair(tmp_path, capsys):
+    root = tmp_path / "results"
+    make_run(root / "20260101-000000-aaaaaa", [make_rank(0, 20 * MIB, CAP)])
+    code, stdout, err = run_report(capsys, root, "--out", tmp_path / "rep", "--format", "png")
+    assert code == 0, err
+    assert "## 9. Train pipelines: batches in flight\n\nSkipped: no two finished runs" in (
+        tmp_path / "rep" / "report.md").read_text()

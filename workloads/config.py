@@ -29,7 +29,7 @@ class PoolingConfig:
 class IdsConfig:
     """How ids are drawn over each table's virtual id space."""
 
-    # uniform | zipf
+    # uniform | zipf (a tables_file may also give a table an id histogram: workloads.tables_file)
     distribution: str = "zipf"
     # Zipf exponent alpha (> 0); ~1.05 is typical of recommendation traffic
     zipf_alpha: float = 1.05
@@ -79,3 +79,12 @@ class WorkloadConfig:
     # Seeds the table sizes drawn from a distribution (kept apart from `seed` so a data-seed sweep keeps
     # the same tables).
     table_seed: int = 0
+    # Optional CSV / JSON file of per-table statistics (workloads/tables_file.py): when set, it defines
+    # the tables (names, rows, dims, pooling and id laws) and num_tables, rows*, embedding_dims and
+    # pooling.per_table_mean are ignored; embedding_dim, pooling.* and ids.* fill the columns it leaves
+    # out. A relative path is looked up in the working directory, then in conf/tables/.
+    tables_file: Optional[str] = None
+    # Where batches are drawn: auto (on the rank's GPU when it has one, by torch ops: no host-to-device copy
+    # per batch; on the host otherwise) | host (numpy, workloads.data) | device (workloads.device_data, also
+    # on CPU ranks). The two draw the same laws, not the same values; id histograms are host only.
+    generator: str = "auto"

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, List
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from workloads.config import PoolingConfig
-from workloads.ids import draw_virtual_ids, to_physical, zipf_multiplier
+from workloads.ids import draw_virtual_ids, draw_zipf_grouped, to_physical, zipf_multiplier, zipf_words
 from workloads.spec import WorkloadSpec
+from workloads.tables_file import draw_histogram_ids
 
 
 @dataclass
@@ -112,6 +113,28 @@ def batch_rng(seed: int, rank: int, step: int, stream: int) -> np.random.Generat
     return np.random.Generator(bitgen)
 
 
+def _pooling_of(table, cfg) -> PoolingConfig:
+    """The table's pooling law (`TableSpec.pooling`), or the workload's for a spec without one."""
+    return getattr(table, "pooling", None) or cfg.pooling
+
+
+def _ids_of(table, cfg):
+    """The table's id law (`TableSpec.ids`), or the workload's for a spec without one."""
+    return getattr(table, "ids", None) or cfg.ids
+
+
+def _zipf_key(table, cfg) -> Tuple[float, int]:
+    return float(_ids_of(table, cfg).zipf_alpha), int(table.virtual_rows)
+
+
+def _draw_other_ids(rng: np.random.Generator, ids_cfg, virtual_rows: int, n: int) -> np.ndarray:
+    """Ids of a table whose law is not Zipf: uniform (`draw_virtual_ids`) or a histogram
+    (workloads.tables_file)."""
+    if ids_cfg.distribution == "histogram":
+        return draw_histogram_ids(rng, ids_cfg, virtual_rows, n)
+    return draw_virtual_ids(rng, ids_cfg, virtual_rows, n)
+
+
 class SyntheticBatches:
     """Deterministic batches for one rank: ``batch(step)`` depends only on (config.seed, rank, step).
 
@@ -137,7 +160,7 @@ class SyntheticBatches:
         self.num_dense_features = int(cfg.num_dense_features)
         self.keys: List[str] = [t.feature_name for t in spec.tables]
         for t in spec.tables:  # fail on a bad config now rather than at the first batch
-            if cfg.ids.distribution == "zipf":
+            if t.ids.distribution in ("zipf", "histogram"):
                 zipf_multiplier(int(t.virtual_rows))
 
     def batch(self, step: int) -> Batch:
@@ -149,18 +172,53 @@ class SyntheticBatches:
         dense = rng.standard_normal((n, self.num_dense_features), dtype=np.float32)
         labels = (rng.random(n) < 0.5).astype(np.float32)
 
+        # per table: its pooling factors, then its ids' first draw -- Zipf: `zipf_words` (the few low words
+        # of its mixed-bucket ids come later from the same stream, right after: its state is kept for that)
+        tables = self.spec.tables
         lengths: List[np.ndarray] = []
-        values: List[np.ndarray] = []
-        for i, t in enumerate(self.spec.tables):
+        first: List[np.ndarray] = []
+        states: List[Optional[dict]] = []
+        for i, t in enumerate(tables):
             bitgen.state = start  # stream 1 + i: rewind, then jump to its window
             bitgen.advance((1 + i) * STREAM_STRIDE)
-            lens = draw_pooling(rng, cfg.pooling, t.pooling_mean, n)
-            vids = draw_virtual_ids(rng, cfg.ids, t.virtual_rows, int(lens.sum()))
+            lens = draw_pooling(rng, _pooling_of(t, cfg), t.pooling_mean, n)
             lengths.append(lens)
-            values.append(to_physical(vids, t.virtual_rows, t.physical_rows))
+            m = int(lens.sum())
+            ids_cfg = _ids_of(t, cfg)
+            if ids_cfg.distribution == "zipf":
+                first.append(zipf_words(rng, m))
+                states.append(bitgen.state)
+            else:
+                first.append(_draw_other_ids(rng, ids_cfg, t.virtual_rows, m))
+                states.append(None)
+
+        offsets = np.concatenate([[0], np.cumsum([len(w) for w in first], dtype=np.int64)]).tolist()
+        values_np = np.empty(offsets[-1], dtype=np.int64)
+        i = 0
+        while i < len(tables):
+            k = i + 1
+            out = values_np[offsets[i] : offsets[k]]
+            if states[i] is None:
+                out[...] = first[i]
+            else:  # a run of Zipf tables with the same law and id space: one pass (`draw_zipf_grouped`)
+                key = _zipf_key(tables[i], cfg)
+                while k < len(tables) and states[k] is not None and _zipf_key(tables[k], cfg) == key:
+                    k += 1
+                out = values_np[offsets[i] : offsets[k]]
+
+                def low_words(j: int, count: int, group_start: int = i) -> np.ndarray:
+                    bitgen.state = states[group_start + j]
+                    return bitgen.random_raw(count)
+
+                draw_zipf_grouped(key[0], key[1], first[i:k], low_words, out)
+            for j in range(i, k):  # virtual -> physical rows (the identity when materialized in full)
+                t = tables[j]
+                if t.physical_rows != t.virtual_rows:
+                    part = values_np[offsets[j] : offsets[j + 1]]
+                    part[...] = to_physical(part, t.virtual_rows, t.physical_rows)
+            i = k
 
         lengths_np = np.concatenate(lengths).astype(np.int32) if lengths else np.zeros(0, np.int32)
-        values_np = np.concatenate(values) if values else np.zeros(0, np.int64)
         return Batch(
             dense_features=torch.from_numpy(dense),
             keys=list(self.keys),

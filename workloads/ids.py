@@ -10,12 +10,15 @@
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from workloads.config import IdsConfig
+from workloads.id_kernels import COMPILED_MIN_IDS, compiled_bucket_lookup
 
 # Golden-ratio conjugate: a multiplier near phi^-1 * N spreads consecutive ranks evenly (Weyl sequence).
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
@@ -33,6 +36,7 @@ _ZIPF_GUIDE_MIN, _ZIPF_GUIDE_MAX = 1024, 2**16
 
 @dataclass(frozen=True)
 class _ZipfTable:
+    n_ranks: int
     k: int  # ranks 1..k drawn exactly (k = min(n_ranks, ZIPF_EXACT_HEAD))
     head_mass: float  # P(rank <= k); > 1 when there is no tail (n_ranks <= k)
     cdf: np.ndarray  # cdf[r] = P(rank <= r) for r = 0..k, then +inf (len k + 2)
@@ -79,6 +83,7 @@ def _zipf_table(alpha: float, n_ranks: int) -> _ZipfTable:
     one_minus_h = 1.0 - head_mass if has_tail else 1.0
     c = d if log_form else math.expm1(b * d)
     return _ZipfTable(
+        n_ranks=int(n_ranks),
         k=k,
         head_mass=head_mass,
         cdf=cdf,
@@ -107,28 +112,12 @@ def _zipf_head_ranks(tab: _ZipfTable, u: np.ndarray) -> np.ndarray:
     return r
 
 
-def draw_zipf_ranks(rng: np.random.Generator, alpha: float, n_ranks: int, n: int) -> np.ndarray:
-    """``n`` popularity ranks in ``[1, n_ranks]`` with ``P(k) ~ k^-alpha`` (int64), any ``alpha > 0``.
+def _zipf_ranks_from_u(tab: _ZipfTable, u: np.ndarray) -> np.ndarray:
+    """The inverse CDF of `draw_zipf_ranks`'s law at every ``u`` in [0, 1) (float64): ranks (int64).
 
-    The top ``ZIPF_EXACT_HEAD`` (32) ranks get their exact discrete mass ``k^-alpha`` (guide-table
-    inverse CDF). Beyond them, inverse CDF of the continuous power law ``x^-alpha`` truncated to
-    ``[K + 0.5, n_ranks + 0.5]``, rounded to the nearest integer: rank ``k`` gets the mass of
-    ``[k - 0.5, k + 0.5]``, within ``alpha (alpha + 1) / (24 k^2)`` (< 0.05 % for k > 32 and
-    alpha <= 3) of ``k^-alpha``. With ``b = 1 - alpha``, ``D = log(hi / lo)`` and ``v`` uniform on
-    [0, 1)::
-
-        x = lo * exp(log1p(v * expm1(b * D)) / b)        (alpha != 1)
-        x = lo * exp(v * D)                              (alpha == 1, the limit b -> 0)
-
-    written with expm1/log1p so it stays accurate for alpha near 1 and for ``n_ranks`` up to 2^63.
-    Nothing of size ``n_ranks`` is allocated.
+    Exact discrete inverse over the head (ranks <= k), the continuous power law's inverse CDF, rounded,
+    over the tail (see `draw_zipf_ranks`). Monotone non-decreasing in ``u``.
     """
-    if not alpha > 0:
-        raise ValueError(f"zipf alpha must be > 0, got {alpha}")
-    if n_ranks < 1:
-        raise ValueError(f"zipf needs at least one rank, got {n_ranks}")
-    tab = _zipf_table(float(alpha), int(n_ranks))
-    u = rng.random(n)
     head = _zipf_head_ranks(tab, u)
     if tab.head_mass > 1.0:  # n_ranks <= K: no tail
         return head
@@ -146,10 +135,194 @@ def draw_zipf_ranks(rng: np.random.Generator, alpha: float, n_ranks: int, n: int
     np.exp(x, out=x)
     np.rint(x, out=x)
     # float64 rounding near the ends (n_ranks ~ 1e10+) can land one outside the range
-    np.clip(x, float(tab.k + 1), float(n_ranks), out=x)
+    np.clip(x, float(tab.k + 1), float(tab.n_ranks), out=x)
     r = x.astype(np.int64)
     np.copyto(r, head, where=u < tab.head_mass)
     return r
+
+
+# --------------------------------------------------------------------------------------------------
+# Fast path: a table over the top bits of u (buckets that hold a single rank), exact inversion elsewhere
+# --------------------------------------------------------------------------------------------------
+
+_U_BITS = 53  # u = U / 2^53 with U a 53-bit integer: float64 represents it exactly
+_TOP_BITS = 32  # bits of U drawn for every id; the other 21 only for ids in a mixed bucket
+_LOW_BITS = _U_BITS - _TOP_BITS
+_INT32_MAX = 2**31 - 1
+_INT16_MAX = 2**15 - 1
+
+
+def zipf_bucket_bits(n_ranks: int) -> int:
+    """Bits of the bucket table `draw_zipf_ranks` uses for a space of ``n_ranks`` ranks (fixed by n_ranks).
+
+    A space of ``n`` ranks has at most ``n - 1`` rank boundaries, so at most ``n - 1`` of the ``2^B``
+    buckets hold more than one rank: ``B = bit_length(n) + 4`` keeps that share <= 1/16, capped at 18
+    bits (a 1 MiB int32 table) for up to 2^16 ranks. Larger spaces get 16 bits: there the tail ranks
+    are finer than any affordable bucket anyway, and more bits buy little.
+    """
+    n_ranks = int(n_ranks)
+    if n_ranks <= 2**16:
+        return max(8, min(18, n_ranks.bit_length() + 4))
+    return 16
+
+
+@dataclass(frozen=True)
+class _ZipfBuckets:
+    bits: int
+    table: np.ndarray  # [2^bits]: the rank (or id) every u of the bucket maps to, or -1 (mixed bucket)
+
+
+@lru_cache(maxsize=256)
+def _zipf_buckets(alpha: float, n_ranks: int, as_ids: bool) -> _ZipfBuckets:
+    """Per-(alpha, n_ranks) bucket table of the fast path: int32 (<= 1 MiB) when ids fit, else int64.
+
+    Bucket ``j`` holds the u in ``[j, j + 1) / 2^B``; it is *pure* when the inverse CDF maps its first
+    and its last 53-bit u to the same rank (the inverse CDF is monotone, so every u between does too),
+    and the table then holds that rank (``as_ids``: its id, `zipf_rank_to_id`), else -1.
+    Built in 2^(B+1) vectorized evaluations (~10 ms); at most 256 tables are kept (<= 1 MiB each, int64
+    only past 2^31 ranks: 16 bits, 512 KiB).
+    """
+    tab = _zipf_table(alpha, n_ranks)
+    bits = zipf_bucket_bits(n_ranks)
+    j = np.arange(1 << bits, dtype=np.int64)
+    shift = _U_BITS - bits
+    first = _zipf_ranks_from_u(tab, np.ldexp((j << shift).astype(np.float64), -_U_BITS))
+    last = _zipf_ranks_from_u(tab, np.ldexp((((j + 1) << shift) - 1).astype(np.float64), -_U_BITS))
+    values = zipf_rank_to_id(first, n_ranks) if as_ids else first
+    table = np.where(first == last, values, -1)
+    if n_ranks <= _INT16_MAX:  # the smallest type that holds every id: a smaller table stays in cache
+        table = table.astype(np.int16)
+    elif n_ranks <= _INT32_MAX:
+        table = table.astype(np.int32)
+    table.setflags(write=False)
+    return _ZipfBuckets(bits=bits, table=table)
+
+
+_SCRATCH_MAX = 1 << 22  # ids per call up to which the per-thread scratch buffers are reused
+_scratch_local = threading.local()
+
+
+def _scratch(dtype: type, n: int) -> np.ndarray:
+    """A length-``n`` work array of ``dtype``, reused across calls in this thread (fresh above
+    ``_SCRATCH_MAX``): a fresh multi-MB array costs page faults that cost as much as the work on it."""
+    if n > _SCRATCH_MAX:
+        return np.empty(n, dtype=dtype)
+    key = np.dtype(dtype).char
+    buffers = _scratch_local.__dict__.setdefault("buffers", {})
+    buf = buffers.get(key)
+    if buf is None or len(buf) < n:
+        buf = buffers[key] = np.empty(max(n, 1 << 16), dtype=dtype)
+    return buf[:n]
+
+
+def zipf_words(rng: np.random.Generator, n: int) -> np.ndarray:
+    """The first draw of ``n`` Zipf ids: ``ceil(n / 2)`` 64-bit words of ``rng``'s bit generator, read as
+    ``n`` uint32 words (the top 32 of the 53 bits of each id's uniform u)."""
+    return rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+
+
+def draw_zipf_grouped(alpha: float, n_ranks: int, words: Sequence[np.ndarray],
+                      low_words: Callable[[int, int], np.ndarray], out: np.ndarray, as_ids: bool = True,
+                      compiled: bool = True) -> None:
+    """Zipf ranks (or ids) for several tables of the same (alpha, n_ranks) in one pass, into ``out``.
+
+    ``words[i]``: table ``i``'s `zipf_words`; ``out``: their concatenation's length (int64);
+    ``low_words(i, c)``: ``c`` more 64-bit words from table ``i``'s generator, right after its
+    `zipf_words` (asked only when ``c > 0``, in table order). Table ``i`` gets exactly what
+    ``_draw_zipf`` would draw for it from the same generator: grouping changes the speed only.
+
+    A cached table over the top ``B`` bits of u (`zipf_bucket_bits`) gives the rank outright for a
+    bucket that holds a single rank; a draw in a mixed bucket gets its 21 low bits (the top 21 of one
+    more word, in index order) and the inverse-CDF formula. Every draw is thus the exact
+    inverse CDF (`_zipf_ranks_from_u`) of the 53-bit uniform ``u = (U_hi * 2^21 + U_lo) / 2^53``.
+    The bucket lookup runs compiled (workloads.id_kernels) for large draws, unless ``compiled`` is False; the
+    values are the same.
+    """
+    tab = _zipf_table(alpha, n_ranks)
+    buckets = _zipf_buckets(alpha, n_ranks, as_ids)
+    n = len(out)
+    if n == 0:
+        return
+    bucket_lookup = compiled_bucket_lookup() if n >= COMPILED_MIN_IDS and compiled else None
+    if bucket_lookup is not None:  # one compiled pass per table
+        mixed_buffer, mixed_hi, count, start = _scratch(np.int64, n), _scratch(np.uint32, n), 0, 0
+        shift = np.uint32(_TOP_BITS - buckets.bits)
+        for table_words in words:
+            end = start + len(table_words)
+            count = bucket_lookup(table_words, shift, buckets.table, out[start:end], start, mixed_buffer, mixed_hi,
+                                  count)
+            start = end
+        if not count:
+            return
+        mixed, hi_mixed = mixed_buffer[:count], mixed_hi[:count]
+    else:
+        hi = words[0] if len(words) == 1 else np.concatenate(words, out=_scratch(np.uint32, n))
+        j = np.right_shift(hi, np.uint32(_TOP_BITS - buckets.bits), out=_scratch(np.intp, n), casting="unsafe")
+        if buckets.table.dtype == np.int64:
+            np.take(buckets.table, j, out=out, mode="wrap")  # (j is in range: "wrap" skips the check)
+        else:
+            out[...] = np.take(buckets.table, j, out=_scratch(buckets.table.dtype, n), mode="wrap")
+        mixed = np.flatnonzero(np.less(out, 0, out=_scratch(np.bool_, n)))
+        if not mixed.size:
+            return
+        hi_mixed = hi[mixed]
+    if len(words) == 1:
+        low = low_words(0, mixed.size)
+    else:
+        ends = np.cumsum([len(w) for w in words])
+        counts = np.diff(np.searchsorted(mixed, ends, side="left"), prepend=0)
+        low = np.concatenate([low_words(i, int(c)) for i, c in enumerate(counts) if c])
+    u = hi_mixed.astype(np.uint64)
+    u <<= np.uint64(_LOW_BITS)
+    low >>= np.uint64(64 - _LOW_BITS)
+    u |= low
+    r = _zipf_ranks_from_u(tab, np.ldexp(u.astype(np.float64), -_U_BITS))
+    out[mixed] = zipf_rank_to_id(r, n_ranks) if as_ids else r
+
+
+def _draw_zipf(rng: np.random.Generator, alpha: float, n_ranks: int, n: int, as_ids: bool,
+               out: Optional[np.ndarray]) -> np.ndarray:
+    """``n`` Zipf ranks (or ids) from ``rng`` into ``out`` (a new array if None): `zipf_words`, then
+    ``draw_zipf_grouped`` for this one table (its low words come from ``rng`` right after)."""
+    if out is None:
+        out = np.empty(n, dtype=np.int64)
+    elif out.shape != (n,) or out.dtype != np.int64:
+        raise ValueError(f"out must be an int64 array of shape ({n},), got {out.dtype} {out.shape}")
+    words = zipf_words(rng, n)
+    draw_zipf_grouped(alpha, n_ranks, [words], lambda _i, c: rng.bit_generator.random_raw(c), out, as_ids)
+    return out
+
+
+def _check_zipf_args(alpha: float, n_ranks: int) -> None:
+    if not alpha > 0:
+        raise ValueError(f"zipf alpha must be > 0, got {alpha}")
+    if n_ranks < 1:
+        raise ValueError(f"zipf needs at least one rank, got {n_ranks}")
+
+
+def draw_zipf_ranks(rng: np.random.Generator, alpha: float, n_ranks: int, n: int) -> np.ndarray:
+    """``n`` popularity ranks in ``[1, n_ranks]`` with ``P(k) ~ k^-alpha`` (int64), any ``alpha > 0``.
+
+    The top ``ZIPF_EXACT_HEAD`` (32) ranks get their exact discrete mass ``k^-alpha`` (guide-table
+    inverse CDF). Beyond them, inverse CDF of the continuous power law ``x^-alpha`` truncated to
+    ``[K + 0.5, n_ranks + 0.5]``, rounded to the nearest integer: rank ``k`` gets the mass of
+    ``[k - 0.5, k + 0.5]``, within ``alpha (alpha + 1) / (24 k^2)`` (< 0.05 % for k > 32 and
+    alpha <= 3) of ``k^-alpha``. With ``b = 1 - alpha``, ``D = log(hi / lo)`` and ``v`` uniform on
+    [0, 1)::
+
+        x = lo * exp(log1p(v * expm1(b * D)) / b)        (alpha != 1)
+        x = lo * exp(v * D)                              (alpha == 1, the limit b -> 0)
+
+    written with expm1/log1p so it stays accurate for alpha near 1 and for ``n_ranks`` up to 2^63.
+    Nothing of size ``n_ranks`` is allocated.
+
+    Speed: the inverse CDF is evaluated exactly only where it must be. ``u`` is a 53-bit uniform whose
+    top 32 bits are drawn for every id; a cached table over its top ``B`` bits (`zipf_bucket_bits`)
+    gives the rank outright for the buckets that hold a single rank (all but <= 1/16 of the draws
+    for up to 2^16 ranks); the draws in the other buckets get their 21 low bits and the formula above.
+    """
+    _check_zipf_args(alpha, n_ranks)
+    return _draw_zipf(rng, float(alpha), int(n_ranks), int(n), as_ids=False, out=None)
 
 
 _MULMOD_FLOAT_MAX_N = 2**50
@@ -176,6 +349,15 @@ def zipf_multiplier(n: int) -> int:
     return m
 
 
+def _umod_inplace(x: np.ndarray, n: int) -> None:
+    """``x %= n`` for uint64 ``x`` as ``x - (x // n) * n``: numpy divides by a scalar with a precomputed
+    reciprocal (libdivide), several times faster than its ``remainder`` loop; the same values."""
+    d = np.uint64(n)
+    q = x // d
+    q *= d
+    x -= q
+
+
 def mulmod(a: np.ndarray, m: int, n: int) -> np.ndarray:
     """Exact ``(a * m) mod n`` elementwise for int64 ``0 <= a < n``, ``0 <= m < n``.
 
@@ -188,7 +370,7 @@ def mulmod(a: np.ndarray, m: int, n: int) -> np.ndarray:
     if m * n <= _INT64_MAX:
         out = a * m
         u = out.view(np.uint64)  # non-negative: the unsigned remainder is the same, and faster
-        np.remainder(u, np.uint64(n), out=u)
+        _umod_inplace(u, n)
         return out
     if n > _MULMOD_FLOAT_MAX_N:
         raise ValueError(f"mulmod supports n <= 2^50 when m * n >= 2^63, got n={n}")
@@ -200,7 +382,7 @@ def mulmod(a: np.ndarray, m: int, n: int) -> np.ndarray:
     r = a.view(np.uint64) * np.uint64(m)
     r -= qi.view(np.uint64) * np.uint64(n)
     r += np.uint64(n)  # a * m - q * n + n in [0, 3n): unsigned from here
-    np.remainder(r, np.uint64(n), out=r)
+    _umod_inplace(r, n)
     return r.view(np.int64)
 
 
@@ -218,17 +400,26 @@ def zipf_rank_to_id(ranks: np.ndarray, n: int) -> np.ndarray:
     return mulmod(ids, m, n)
 
 
-def draw_virtual_ids(rng: np.random.Generator, ids_cfg: IdsConfig, virtual_rows: int, n: int) -> np.ndarray:
-    """``n`` ids in ``[0, virtual_rows)`` (int64): ``uniform``, or ``zipf`` with ``ids_cfg.zipf_alpha``."""
+def draw_virtual_ids(rng: np.random.Generator, ids_cfg: IdsConfig, virtual_rows: int, n: int,
+                     out: Optional[np.ndarray] = None) -> np.ndarray:
+    """``n`` ids in ``[0, virtual_rows)`` (int64): ``uniform``, or ``zipf`` with ``ids_cfg.zipf_alpha``.
+
+    ``out``: an int64 array of shape ``(n,)`` to draw into (returned), instead of a new one.
+    """
     virtual_rows = int(virtual_rows)
     if virtual_rows < 1:
         raise ValueError(f"virtual_rows must be >= 1, got {virtual_rows}")
     dist = ids_cfg.distribution
     if dist == "uniform":
-        return rng.integers(0, virtual_rows, size=n, dtype=np.int64)
+        ids = rng.integers(0, virtual_rows, size=n, dtype=np.int64)
+        if out is None:
+            return ids
+        out[...] = ids
+        return out
     if dist == "zipf":
-        ranks = draw_zipf_ranks(rng, float(ids_cfg.zipf_alpha), virtual_rows, n)
-        return zipf_rank_to_id(ranks, virtual_rows)
+        alpha = float(ids_cfg.zipf_alpha)
+        _check_zipf_args(alpha, virtual_rows)
+        return _draw_zipf(rng, alpha, virtual_rows, int(n), as_ids=True, out=out)
     raise ValueError(f"unknown ids distribution {dist!r} (uniform | zipf)")
 
 
@@ -271,5 +462,5 @@ def to_physical(virtual_ids: np.ndarray, virtual_rows: int, physical_rows: int) 
     if physical_rows == int(virtual_rows):
         return np.asarray(virtual_ids, dtype=np.int64)
     h = splitmix64(virtual_ids)
-    h %= np.uint64(physical_rows)
-    return h.astype(np.int64)
+    _umod_inplace(h, physical_rows)
+    return h.view(np.int64)

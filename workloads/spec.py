@@ -7,12 +7,12 @@ from a size distribution, physical rows from `materialize`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import List
 
 import numpy as np
 
-from workloads.config import WorkloadConfig
+from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
 from workloads.units import GIB
 
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2}
@@ -29,6 +29,10 @@ class TableSpec:
     embedding_dim: int
     pooling_mean: float
     bytes_per_element: int
+    # this table's pooling law (`mean` == pooling_mean, no per_table_mean) and id law (IdsConfig, or
+    # workloads.tables_file.HistogramIdsConfig): the workload's, or its line of workload.tables_file
+    pooling: PoolingConfig = field(default_factory=PoolingConfig, hash=False)
+    ids: IdsConfig = field(default_factory=IdsConfig, hash=False)
 
     @property
     def virtual_bytes(self) -> int:
@@ -96,7 +100,10 @@ def physical_rows(cfg: WorkloadConfig, rows: List[int], dims: List[int]) -> List
 
 
 def build_spec(cfg: WorkloadConfig) -> WorkloadSpec:
-    """Resolve a (validated) workload config into concrete tables."""
+    """Resolve a (validated) workload config into concrete tables: from `cfg.tables_file` when it is set
+    (ConfigError for a bad file), else from the table fields."""
+    if cfg.tables_file:
+        return _spec_from_file(cfg)
     rows = virtual_rows(cfg)
     dims = embedding_dims(cfg)
     means = pooling_means(cfg)
@@ -111,7 +118,33 @@ def build_spec(cfg: WorkloadConfig) -> WorkloadSpec:
             embedding_dim=dims[i],
             pooling_mean=means[i],
             bytes_per_element=bytes_per_element,
+            pooling=replace(cfg.pooling, mean=means[i], per_table_mean=[]),
+            ids=replace(cfg.ids),
         )
         for i in range(len(rows))
+    ]
+    return WorkloadSpec(config=cfg, tables=tables)
+
+
+def _spec_from_file(cfg: WorkloadConfig) -> WorkloadSpec:
+    from workloads.tables_file import load_tables
+
+    file_tables = load_tables(cfg)
+    rows = [t.rows for t in file_tables]
+    physical = physical_rows(cfg, rows, [t.dim for t in file_tables])
+    bytes_per_element = BYTES_PER_ELEMENT[cfg.data_type]
+    tables = [
+        TableSpec(
+            name=t.name,
+            feature_name=f"f{i}",
+            virtual_rows=t.rows,
+            physical_rows=physical[i],
+            embedding_dim=t.dim,
+            pooling_mean=float(t.pooling.mean),
+            bytes_per_element=bytes_per_element,
+            pooling=t.pooling,
+            ids=t.ids,
+        )
+        for i, t in enumerate(file_tables)
     ]
     return WorkloadSpec(config=cfg, tables=tables)

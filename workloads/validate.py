@@ -9,29 +9,11 @@ from typing import Any, Iterable, List
 
 from workloads.config import WorkloadConfig
 from workloads.storage import DENSE_OPTIMIZERS, EMBEDDING_OPTIMIZERS
+from workloads.rules import (  # noqa: F401 (re-exported: the names every check and its callers use)
+    ARCHS, COMPUTE_KERNELS, DATA_TYPES, GENERATORS, EMBEDDING_OPTIMIZERS_CPU_FUSED, FBGEMM_DIM_ALIGNMENT, ID_DISTRIBUTIONS,
+    MATERIALIZE, POOLING_DISTRIBUTIONS, ROWS_DISTRIBUTIONS, SHARDING_TYPES_CPU, SHARDING_TYPES_CUDA_ONLY,
+    ConfigError)
 from workloads.units import GIB
-
-ROWS_DISTRIBUTIONS = ("fixed", "log_uniform", "log_normal")
-MATERIALIZE = ("full", "scaled", "plan_only")
-DATA_TYPES = ("fp32", "fp16")
-POOLING_DISTRIBUTIONS = ("fixed", "uniform", "poisson", "pareto")
-ID_DISTRIBUTIONS = ("uniform", "zipf")
-ARCHS = ("dlrm", "dlrm_dcn")
-SHARDING_TYPES_CPU = ("data_parallel", "table_wise", "column_wise", "table_column_wise")
-SHARDING_TYPES_CUDA_ONLY = ("row_wise", "table_row_wise", "grid_shard")
-COMPUTE_KERNELS = ("auto", "fused", "dense", "fused_uvm_caching")
-# fbgemm's CPU table-batched kernels implement only these fused optimizers (exact SGD / row-wise Adagrad)
-EMBEDDING_OPTIMIZERS_CPU_FUSED = ("sgd", "rowwise_adagrad")
-# fbgemm's table-batched embedding kernels need every dim to be a multiple of 4 (vectorized rows)
-FBGEMM_DIM_ALIGNMENT = 4
-
-
-class ConfigError(ValueError):
-    """An invalid config value: one line with field, value and how to fix it."""
-
-    def __init__(self, field: str, value: Any, fix: str):
-        self.field, self.value, self.fix = field, value, fix
-        super().__init__(f"invalid config: {field}={value!r}: {fix}")
 
 
 def _one_of(field: str, value: str, allowed: Iterable[str]) -> None:
@@ -54,7 +36,10 @@ def _length(field: str, values: List[Any], num_tables: int) -> None:
 
 def validate_workload(cfg: WorkloadConfig, prefix: str = "workload") -> None:
     """Raise ConfigError for the first problem of a workload config; the config is not changed."""
-    _validate_tables(cfg, prefix)
+    if cfg.tables_file:
+        _validate_tables_file(cfg, prefix)
+    else:
+        _validate_tables(cfg, prefix)
     _validate_inputs(cfg, prefix)
     _validate_arch(cfg, prefix)
     _validate_training(cfg, prefix)
@@ -62,8 +47,29 @@ def validate_workload(cfg: WorkloadConfig, prefix: str = "workload") -> None:
 
 def _dims(cfg: WorkloadConfig, p: str):
     """The embedding dims and the field that sets them."""
+    if cfg.tables_file:
+        from workloads.tables_file import load_tables
+
+        return [t.dim for t in load_tables(cfg)], f"{p}.tables_file"
     dims = list(cfg.embedding_dims) or [cfg.embedding_dim]
     return dims, (f"{p}.embedding_dims" if cfg.embedding_dims else f"{p}.embedding_dim")
+
+
+def _validate_tables_file(cfg: WorkloadConfig, p: str) -> None:
+    """The tables of `cfg.tables_file` (each line checked as it is read: workloads.tables_file), then what
+    the workload adds: materialization, data type, and one dim for all tables (DLRM's interactions)."""
+    from workloads.tables_file import load_tables
+
+    tables = load_tables(cfg)
+    _one_of(f"{p}.materialize", cfg.materialize, MATERIALIZE)
+    _positive(f"{p}.scaled_max_gib", cfg.scaled_max_gib)
+    _one_of(f"{p}.data_type", cfg.data_type, DATA_TYPES)
+    first = tables[0]
+    for t in tables[1:]:
+        if t.dim != first.dim:
+            raise ConfigError(f"{p}.tables_file", cfg.tables_file,
+                              f"{t.where['dim']}: dim {t.dim} differs from {first.where['dim']}'s {first.dim}; "
+                              f"DLRM interactions need one embedding dim for all tables")
 
 
 def _validate_tables(cfg: WorkloadConfig, p: str) -> None:
@@ -96,6 +102,15 @@ def _validate_tables(cfg: WorkloadConfig, p: str) -> None:
 
 def _validate_inputs(cfg: WorkloadConfig, p: str) -> None:
     _positive(f"{p}.num_dense_features", cfg.num_dense_features, "need at least one dense feature")
+    _one_of(f"{p}.generator", cfg.generator, GENERATORS)
+    if cfg.generator == "device" and cfg.tables_file:
+        from workloads.tables_file import load_tables
+
+        if any(t.ids.distribution == "histogram" for t in load_tables(cfg)):
+            raise ConfigError(f"{p}.generator", cfg.generator, "the device generator draws uniform and Zipf ids; "
+                                                               "tables with an id histogram need generator=host")
+    if cfg.tables_file:  # each table's pooling and id law are checked where its line is read
+        return
     pool = cfg.pooling
     _one_of(f"{p}.pooling.distribution", pool.distribution, POOLING_DISTRIBUTIONS)
     _length(f"{p}.pooling.per_table_mean", pool.per_table_mean, cfg.num_tables)
@@ -129,7 +144,8 @@ def _validate_arch(cfg: WorkloadConfig, p: str) -> None:
         raise ConfigError(dim_field, dims, "DLRM interactions need one embedding dim for all tables")
     if cfg.dense_arch[-1] != dims[0]:
         raise ConfigError(f"{p}.dense_arch", list(cfg.dense_arch),
-                          f"the last layer must equal the embedding dim ({dims[0]})")
+                          f"the last layer must equal the embedding dim ({dims[0]}"
+                          f"{', from ' + p + '.tables_file' if cfg.tables_file else ''})")
     if cfg.arch == "dlrm_dcn":
         _positive(f"{p}.dcn_num_layers", cfg.dcn_num_layers, "need at least one DCN layer")
         _positive(f"{p}.dcn_low_rank_dim", cfg.dcn_low_rank_dim, "must be >= 1")

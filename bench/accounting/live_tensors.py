@@ -148,6 +148,30 @@ class LiveTensorTracker(TorchDispatchMode):
         for tensor in _strided(tensors):
             self.track(tensor.untyped_storage(), category)
 
+    def track_new(self, tensors: Iterable[torch.Tensor], category: str) -> None:
+        """Count the storages of `tensors` that are not counted yet under `category` (counted ones keep theirs):
+        what was made outside any op the mode sees, such as tensors wrapped from numpy arrays."""
+        for tensor in _strided(tensors):
+            storage = tensor.untyped_storage()
+            if storage._cdata not in self._entries:
+                self.track(storage, category)
+
+    def recharge(self, category: str, new_category: Optional[str]) -> None:
+        """Move every live storage of `category` to `new_category`; None stops counting them (they leave the
+        allocator model too), as if they had never been tracked."""
+        for cdata, entry in list(self._entries.items()):
+            if entry[1] != category:
+                continue
+            if new_category is None:
+                del self._entries[cdata]
+                self._uncharge(entry)
+            else:
+                self.by_category[category] -= entry[0]
+                self.by_category[new_category] = self.by_category.get(new_category, 0) + entry[0]
+                entry[1] = new_category
+        if not self.by_category.get(category):
+            self.by_category.pop(category, None)
+
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
 

@@ -12,7 +12,7 @@ from workloads.units import GIB, MIB
 # Short names keep the per-rank table readable in an 80-column CI log
 SHORT = {"embedding_weights": "emb_w", "embedding_optimizer": "emb_opt", "embedding_grads": "emb_g", "dense_params": "dense_p",
          "dense_grads": "dense_g", "dense_optimizer": "dense_opt", "activations": "act",
-         "comm_buffers": "comm", "allocator_overhead": "alloc_ovh", "non_torch": "non_torch", "other": "other"}
+         "comm_buffers": "comm", "inputs_in_flight": "in_flight", "allocator_overhead": "alloc_ovh", "non_torch": "non_torch", "other": "other"}
 STATUS_STYLE = {"ok": "green", "oom": "red", "failed": "red", "timeout": "yellow", "invalid": "magenta"}
 
 
@@ -142,8 +142,9 @@ def print_plan(summary: RunSummary, run_dir: Path) -> None:
             shown = shown[:5] + [min(ranks, key=lambda r: r.peak_bytes)]
         table = Table(title=f"per-rank estimate (GiB){' - top 5 and the smallest' if len(ranks) > 8 else ''}",
                       title_justify="left")
+        in_flight = any(rank.breakdown.get("inputs_in_flight") for rank in shown)
         for column in ("rank", "total", "capacity", "util %", "headroom", "emb weights", "emb optim", "dense+optim",
-                       "activations", "overheads"):
+                       "activations", *(["in flight"] if in_flight else []), "overheads"):
             table.add_column(column, justify="right")
         for rank in shown:
             b = rank.breakdown
@@ -152,6 +153,7 @@ def print_plan(summary: RunSummary, run_dir: Path) -> None:
                           f"{100 * rank.utilization:.1f}", f"{rank.headroom_bytes / GIB:.2f}",
                           f"{b['embedding_weights'] / GIB:.2f}", f"{b['embedding_optimizer'] / GIB:.2f}",
                           f"{dense / GIB:.2f}", f"{b['activations'] / GIB:.2f}",
+                          *([f"{b.get('inputs_in_flight', 0) / GIB:.3f}"] if in_flight else []),
                           f"{(b['allocator_overhead'] + b['non_torch']) / GIB:.2f}")
         console.print(table)
         job = summary.job

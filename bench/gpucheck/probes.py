@@ -62,7 +62,10 @@ def _nvml_probes(log: CheckLog) -> None:
 
 
 def api_probes(device: torch.device, log: CheckLog) -> None:
+    from bench.gpucheck.data_rate import data_rate_probe
+
     _allocator_probes(device, log)
+    data_rate_probe(device, log)
     try:
         _nvml_probes(log)
     except Exception as err:  # no NVML library or driver call: the recorder's NVML columns stay empty

@@ -13,9 +13,13 @@ shape it prints, on this machine's CPU:
     forward + BCE loss + backward + ``torch.optim.SGD`` step; median over ``--steps`` steps after a
     warm-up step;
 
+(d) ``workloads.device_data.DeviceSyntheticBatches`` samples/s (Zipf ids) on ``--device`` (default: cuda
+    when available, else cpu; synchronized before each clock read);
+
 then the ratios generator / step (> 1: the generator keeps up with training on one core) and
 generator / RandomRecDataset. ``--json FILE`` also writes the rows (keys ``shape``, ``ours_zipf_per_s``,
-``ours_uniform_per_s``, ``randomrec_per_s``, ``step_per_s``, and the shape's sizes).
+``ours_uniform_per_s``, ``randomrec_per_s``, ``step_per_s``, ``device_zipf_per_s``, ``device``, and the
+shape's sizes).
 """
 from __future__ import annotations
 
@@ -95,6 +99,22 @@ def random_rec_rate(spec: WorkloadSpec, batches: int) -> float:
     return spec.config.batch_size / median_seconds(lambda i: next(it), batches)
 
 
+def device_generator_rate(spec: WorkloadSpec, device: str, batches: int) -> float:
+    from workloads.device_data import DeviceSyntheticBatches, samples_per_second
+
+    dev = torch.device(device)
+    gen = DeviceSyntheticBatches(spec, rank=0, world_size=1, device=dev)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
+    if dev.type == "cpu":  # one core, like the other generators
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return samples_per_second(gen, batches=batches, warmup=1)
+        finally:
+            torch.set_num_threads(threads)
+    return samples_per_second(gen, batches=batches, warmup=1, sync=sync)
+
+
 def to_kjt(batch: Batch):
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -165,6 +185,8 @@ class Row:
     ours_uniform: float
     random_rec: float
     step_ms: float
+    device_zipf: float = float("nan")
+    device: str = "cpu"
 
     @property
     def step_rate(self) -> float:
@@ -180,20 +202,21 @@ def json_rows(rows: List[Row]) -> List[dict]:
     return [{"shape": r.shape, "tables": r.tables, "batch": r.batch, "ids_per_sample": r.ids_per_sample,
              "ours_zipf_per_s": round(r.ours_zipf, 1), "ours_uniform_per_s": round(r.ours_uniform, 1),
              "randomrec_per_s": round(r.random_rec, 1), "step_per_s": round(r.step_rate, 1),
-             "step_ms": round(r.step_ms, 3)} for r in rows]
+             "step_ms": round(r.step_ms, 3), "device_zipf_per_s": round(r.device_zipf, 1), "device": r.device}
+            for r in rows]
 
 
 def render(rows: List[Row], header: str) -> None:
     cols = [
         "shape", "tables", "batch", "ids/sample", "ours zipf /s", "ours uniform /s", "RandomRec /s",
-        "step ms", "step /s", "ours/step", "ours/RandomRec", "uniform/RandomRec",
+        "step ms", "step /s", "ours/step", "ours/RandomRec", "uniform/RandomRec", "device zipf /s",
     ]
     data = [
         [
             r.shape, str(r.tables), str(r.batch), f"{r.ids_per_sample:g}", fmt_rate(r.ours_zipf),
             fmt_rate(r.ours_uniform), fmt_rate(r.random_rec), f"{r.step_ms:,.1f}", fmt_rate(r.step_rate),
             f"{r.ours_zipf / r.step_rate:,.1f}x", f"{r.ours_zipf / r.random_rec:,.2f}x",
-            f"{r.ours_uniform / r.random_rec:,.2f}x",
+            f"{r.ours_uniform / r.random_rec:,.2f}x", f"{fmt_rate(r.device_zipf)} ({r.device})",
         ]
         for r in rows
     ]
@@ -205,6 +228,8 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--batches", type=int, default=10, help="timed batches per generator (after 1 warm-up)")
     p.add_argument("--steps", type=int, default=3, help="timed training steps per shape (after 1 warm-up)")
     p.add_argument("--quick", action="store_true", help="small batches and few repeats (smoke run)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where DeviceSyntheticBatches draws (default: cuda when available, else cpu)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the rows to FILE as JSON")
     args = p.parse_args(argv)
     # torchrec's KeyedJaggedTensor trips torch.fx's one-time "is_fx_tracing" deprecation warning
@@ -227,6 +252,8 @@ def main(argv: List[str] | None = None) -> None:
                 ours_uniform=generator_rate(spec, "uniform", batches),
                 random_rec=random_rec_rate(spec, batches),
                 step_ms=step_seconds(spec, steps) * 1000,
+                device_zipf=device_generator_rate(spec, args.device, batches),
+                device=args.device,
             )
         )
     header = (
@@ -238,6 +265,7 @@ def main(argv: List[str] | None = None) -> None:
         "ours/step > 1: one generator core produces batches faster than one training step consumes them.\n"
         "ours/RandomRec: our Zipf stream vs RandomRecDataset's uniform torch.randint ids (which also builds the\n"
         "KeyedJaggedTensor); uniform/RandomRec compares like for like.\n"
+        "device zipf: workloads.device_data.DeviceSyntheticBatches (torch ops on the device named in brackets).\n"
         f"total {time.perf_counter() - t_start:.1f} s"
     )
     if args.json is not None:

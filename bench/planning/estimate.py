@@ -21,11 +21,13 @@ from typing import Dict, List, Optional, Sequence
 from bench.accounting.caching_allocator.replay import AllocationStream, replay
 from bench.planning.types import RankPrediction, RankShare
 from bench.results.schema import has_cuda_allocator
+from workloads.pipelines import PLAIN, PipelineKind, pipeline_kind
 from workloads.spec import WorkloadSpec
 from workloads.storage import optimizer_state_bytes
 from workloads.units import UNBOUNDED_BYTES
 
 # what the dry run holds of data-parallel tables, counted in the plan's share instead
+IN_FLIGHT = "inputs_in_flight"  # bench.results.schema.CATEGORIES
 REPLICATED_CATEGORIES = ("embedding_weights", "embedding_grads", "embedding_optimizer")
 FEATURES = ("const", "pooled_received", "pooled_sent", "ids_input", "ids_received", "data_parallel_tables")
 
@@ -55,6 +57,7 @@ def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int)
             share.optimizer_bytes += optimizer_state_bytes(cfg.embedding_optimizer, rows, cols)
             share.sent_dims += cols
             share.sent_pooling += table.pooling_mean
+            share.sent_features += 1
     return shares
 
 
@@ -102,15 +105,17 @@ class DenseDryRun:
     optimizer_bytes: int
     peak_bytes: int  # params + grads + optimizer state + activations (+ simulated sparse buffers) at the peak
     grads_bytes: int = 0  # the persistent gradient buckets (DDP)
+    in_flight_bytes: int = 0  # a train pipeline's batches held beyond the one trained, at the peak
     # for a GPU: the dry run's mallocs and frees, in order, to replay through the caching allocator model
     allocations: Optional[AllocationStream] = None
 
 
 class DryRunModel:
     """The dense part of the model on `meta` (dense arch, interaction, over arch, dense optimizer),
-    built once and stepped with placeholders for what the sharded embeddings allocate on a rank."""
+    built once and stepped with placeholders for what the sharded embeddings allocate on a rank, and for the
+    batches the train `pipeline` holds in flight."""
 
-    def __init__(self, spec: WorkloadSpec):
+    def __init__(self, spec: WorkloadSpec, pipeline: PipelineKind = PLAIN):
         import torch
         from torch import nn
         from torchrec.sparse.jagged_tensor import KeyedTensor
@@ -118,6 +123,10 @@ class DryRunModel:
         from workloads.model import build_model, dense_optimizer_class
 
         self.spec, self.meta = spec, torch.device("meta")
+        self.pipeline = pipeline
+        # what the pipeline holds now: whole batches, and distributed KJTs (tensors each), oldest first
+        self._held_batches: list = []
+        self._held_dists: list = []
         cfg = spec.config
         self.dlrm = build_model(spec, self.meta).model.to(self.meta)  # DCN layers start on the default device
         self.params = [p for name, p in self.dlrm.named_parameters() if "sparse_arch" not in name]
@@ -142,17 +151,22 @@ class DryRunModel:
         lookups and the all-to-all buffers of forward and backward, with the lifetimes torchrec gives them
         (a collective's buffers go when the training thread drops them, as the CPU recorder counts them)."""
         allocations = AllocationStream() if record_allocations else None
-        tracker = self._tracker(allocations)
+        at_peak = {IN_FLIGHT: 0}  # the pipeline's batches at the peak (none while the tracker is built)
+        tracker = self._tracker(allocations, on_new_peak=lambda: at_peak.update(
+            {IN_FLIGHT: at_peak["tracker"].by_category.get(IN_FLIGHT, 0)} if "tracker" in at_peak else {}))
+        at_peak["tracker"] = tracker
         replicated = self._replicated_optimizer(tracker, share)
         with tracker:
             for _ in range(steps):
                 self._step(tracker, share, world_size, replicated)
+            self._held_batches.clear()
+            self._held_dists.clear()
         # the replicated tables, their gradient buckets and optimizer state are in the plan's share already
         replicated_bytes = sum(tracker.by_category.get(category, 0) for category in REPLICATED_CATEGORIES)
         return DenseDryRun(params_bytes=tracker.by_category.get("dense_params", 0),
                            optimizer_bytes=tracker.by_category.get("dense_optimizer", 0),
                            peak_bytes=tracker.peak_bytes - replicated_bytes, allocations=allocations,
-                           grads_bytes=tracker.by_category.get("dense_grads", 0))
+                           grads_bytes=tracker.by_category.get("dense_grads", 0), in_flight_bytes=at_peak[IN_FLIGHT])
 
     def _replicated_optimizer(self, tracker, share: Optional[RankShare]):
         """The data-parallel tables as meta parameters with persistent gradients (DDP's buckets) and the dense
@@ -170,10 +184,11 @@ class DryRunModel:
         keep_gradients(tracker, params, "embedding_grads")
         return dense_optimizer_class(cfg.dense_optimizer)(params, lr=cfg.dense_lr)
 
-    def _tracker(self, allocator=None):
+    def _tracker(self, allocator=None, on_new_peak=None):
         from bench.accounting.live_tensors import LiveTensorTracker
 
-        tracker = LiveTensorTracker(self.meta, capacity_bytes=UNBOUNDED_BYTES, rank=0, allocator=allocator)
+        tracker = LiveTensorTracker(self.meta, capacity_bytes=UNBOUNDED_BYTES, rank=0, allocator=allocator,
+                                    on_new_peak=on_new_peak)
         tracker.track_tensors(self.params, "dense_params")
         track_optimizer_state(tracker, self.optimizer, "dense_optimizer")
         keep_gradients(tracker, self.params, "dense_grads")
@@ -190,17 +205,24 @@ class DryRunModel:
 
         cfg = self.spec.config
         batch, total_dims = cfg.batch_size, sum(self.dims)
+        self._hold_in_flight(tracker, "input", share, world_size)
         tracker.category = "activations"
         dense, labels = self._empty(batch * cfg.num_dense_features).view(batch, -1), self._empty(batch)
         held: list = []  # what the backward all-to-all allocates, until the step's backward is over
+        kept: list = []
         if share is not None:
             kept = self._sparse_forward(share, world_size, held)
         else:
             self.pooled = self._empty(batch * total_dims).view(batch, total_dims).requires_grad_()
+        self._hold_in_flight(tracker, "forward", share, world_size)
         logits = self.dlrm(dense, None).squeeze(-1)
         loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        if self.pipeline.drops_trained_batch_after_forward and kept:
+            kept[0] = None  # the trained batch's ids and lengths
+        self._hold_in_flight(tracker, "backward", share, world_size)
         loss.backward()
         held.clear()
+        self._hold_in_flight(tracker, "optimizer", share, world_size)
         tracker.category = "dense_optimizer"
         self.optimizer.step()
         if replicated is not None:
@@ -210,15 +232,50 @@ class DryRunModel:
         self.optimizer.zero_grad(set_to_none=False)  # the buckets stay
         self.pooled = None
 
+    def _ids(self) -> list:
+        """A batch's ids and lengths (a KeyedJaggedTensor's values and lengths)."""
+        import torch
+
+        batch = self.spec.config.batch_size
+        total_pooling = sum(t.pooling_mean for t in self.spec.tables)
+        return [self._empty(batch * total_pooling, torch.int64), self._empty(len(self.dims) * batch, torch.int32)]
+
+    def _batch(self) -> list:
+        """One whole batch as the data stream makes it: ids, lengths, dense features, labels."""
+        cfg = self.spec.config
+        return self._ids() + [self._empty(cfg.batch_size * cfg.num_dense_features), self._empty(cfg.batch_size)]
+
+    def _distributed_kjt(self, share: Optional[RankShare], world_size: int) -> list:
+        """A batch's input all-to-all: the send copy of this rank's ids and lengths (grouped by destination), what
+        it receives for the shards it looks up, and the splits (lengths and values per peer)."""
+        import torch
+
+        batch, received = self.spec.config.batch_size, []
+        if share is not None:
+            received = [self._empty(batch * world_size * share.sent_pooling, torch.int64),
+                        self._empty(batch * world_size * share.sent_features, torch.int32)]
+        return self._ids() + received + [self._empty(2 * world_size, torch.int64)]
+
+    def _hold_in_flight(self, tracker, phase: str, share: Optional[RankShare], world_size: int) -> None:
+        """Hold as many batches and distributed KJTs beyond the trained one as the pipeline does in `phase` (the
+        oldest go first: they became the trained batch)."""
+        batches, dists = self.pipeline.held(phase)
+        previous, tracker.category = tracker.category, IN_FLIGHT
+        for held, count, make in ((self._held_batches, batches, self._batch),
+                                  (self._held_dists, dists, lambda: self._distributed_kjt(share, world_size))):
+            del held[:max(0, len(held) - count)]
+            while len(held) < count:
+                held.append(make())
+        tracker.category = previous
+
     def _sparse_forward(self, share: RankShare, world_size: int, held: list):
         """The rank's sparse side up to the pooled embeddings the dense part consumes (`self.pooled`, handed
         to the sparse arch); returns what stays alive until the step ends: ids and received ids."""
         import torch
 
         batch, total_dims = self.spec.config.batch_size, sum(self.dims)
-        total_pooling = sum(t.pooling_mean for t in self.spec.tables)
         sent = int(batch * world_size * share.sent_dims)
-        ids = [self._empty(batch * total_pooling, torch.int64), self._empty(len(self.dims) * batch, torch.int32)]
+        ids = self._ids()
         received_ids = self._empty(batch * world_size * share.sent_pooling, torch.int64)
         lookups = self._empty(sent)
         send_copy, received = self._empty(sent), self._empty(batch * total_dims)  # registered copy, receive buffer
@@ -256,6 +313,11 @@ class DryRunModel:
         return AllToAll
 
 
+def dry_run_for(cfg, spec: WorkloadSpec) -> DryRunModel:
+    """The dry-run model of a run config: its workload, trained through its pipeline."""
+    return DryRunModel(spec, pipeline_kind(cfg.pipeline.name))
+
+
 def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[str, float],
             model: Optional[DryRunModel] = None, allocator_settings=None) -> List[RankPrediction]:
     """Per-rank peak: one dry run (with the rank's sparse side simulated) per distinct rank share, plus
@@ -270,11 +332,12 @@ def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[
     predictions = []
     for rank, share in enumerate(shares):
         features = features_for_rank(spec, share, world_size)
-        key = (share.sent_dims, round(share.sent_pooling, 3))
+        key = (share.sent_dims, round(share.sent_pooling, 3), share.sent_features)
         if key not in runs:
             runs[key] = model.run(share, world_size, record_allocations=allocator_settings is not None)
         run = runs[key]
-        activations = run.peak_bytes - run.params_bytes - run.grads_bytes - run.optimizer_bytes
+        activations = (run.peak_bytes - run.params_bytes - run.grads_bytes - run.optimizer_bytes
+                       - run.in_flight_bytes)
         residual = sum(coefficients.get(name, 0.0) * value for name, value in features.items())
         breakdown = {
             "embedding_weights": share.weight_bytes,
@@ -284,6 +347,7 @@ def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[
             "dense_grads": run.grads_bytes,  # DDP keeps persistent fp32 gradient buckets
             "dense_optimizer": run.optimizer_bytes,
             "activations": int(round(activations + residual)),
+            "inputs_in_flight": run.in_flight_bytes,
         }
         if run.allocations is not None:
             tables = (share.weight_bytes, share.optimizer_bytes, share.grad_bytes)
@@ -320,6 +384,7 @@ def shares_from_placement(placement, spec: WorkloadSpec) -> List[RankShare]:
         share.sent_dims += shard.dim
         # a row-wise shard sees the ids that hash into its rows
         share.sent_pooling += table.pooling_mean * shard.rows / max(1, table.virtual_rows)
+        share.sent_features += 1
     return shares
 
 

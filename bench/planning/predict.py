@@ -17,7 +17,7 @@ def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[st
     """Plan on the meta device exactly as the workers will, then predict per-rank peaks."""
     import torch
 
-    from bench.planning.estimate import DryRunModel, add_device_overheads, predict, shares_from_plan
+    from bench.planning.estimate import add_device_overheads, dry_run_for, predict, shares_from_plan
     from bench.planning.torchrec_adapter import describe_plan, make_sharding_plan, torchrec_estimate_parts
     from workloads.model import build_model
     from workloads.spec import build_spec
@@ -29,7 +29,7 @@ def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[st
         model = build_model(spec, torch.device("meta"))
         plan, capture = make_sharding_plan(cfg, spec, launch.world_size, launch.ranks_per_node,
                                            launch.device_type, launch.capacity_bytes, model)
-        dry_run = DryRunModel(spec)
+        dry_run = dry_run_for(cfg, spec)
     calibration = load_calibration(calibration_dir, calibration_key(launch.device_type, cfg.hardware.name))
     shares = shares_from_plan(describe_plan(plan), spec, launch.world_size)
     torchrec_parts = torchrec_estimate_parts(capture, launch.world_size)

@@ -14,7 +14,7 @@ from typing import List, Optional
 
 from bench.accounting.allocator_config import allocator_settings_for
 from bench.planning.calibration import CALIBRATION_DIR, Calibration, calibration_key, load_calibration
-from bench.planning.estimate import DryRunModel, add_device_overheads, predict, shares_from_placement
+from bench.planning.estimate import DryRunModel, add_device_overheads, dry_run_for, predict, shares_from_placement
 from bench.planning.greedy import place_greedy
 from bench.planning.torchrec_adapter import place_torchrec
 from bench.planning.types import Placement, PlacementError, PlanTarget, RankPrediction
@@ -105,7 +105,7 @@ def plan(cfg, spec: WorkloadSpec, target: PlanTarget) -> PlanOutcome:
         placement = place(cfg, spec, target, target.world_size)
     except PlacementError as err:
         return judge_plan(cfg, target, [], None, None, error=str(err))
-    predictions, calibration = predict_ranks(cfg, spec, target, placement, DryRunModel(spec))
+    predictions, calibration = predict_ranks(cfg, spec, target, placement, dry_run_for(cfg, spec))
     return judge_plan(cfg, target, predictions, placement, calibration)
 
 
@@ -138,7 +138,7 @@ def provision(cfg, target: PlanTarget, progress=_say, on_world_size=None) -> dic
         workload = copy.deepcopy(cfg.workload)
         workload.batch_size = batch
         spec = build_spec(workload)
-        dry_run = DryRunModel(spec)  # built once per batch size, stepped per distinct rank share
+        dry_run = dry_run_for(cfg, spec)  # built once per batch size, stepped per distinct rank share
         previous, chosen = None, None
         for world_size in range(target.ranks_per_node, cfg.plan.max_world_size + 1, target.ranks_per_node):
             point = evaluate(cfg, spec, target, world_size, dry_run)

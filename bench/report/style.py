@@ -20,7 +20,8 @@ PHASE_COLORS = MappingProxyType({"build": "#BBBBBB", "input": "#F0E442", "forwar
 CATEGORY_COLORS = MappingProxyType({
     "embedding_weights": "#332288", "embedding_optimizer": "#88CCEE", "embedding_grads": "#44AA99",
     "dense_params": "#117733", "dense_grads": "#999933", "dense_optimizer": "#DDCC77",
-    "activations": "#CC6677", "comm_buffers": "#882255", "allocator_overhead": "#AA4499",
+    "activations": "#CC6677", "comm_buffers": "#882255", "inputs_in_flight": "#661100",
+    "allocator_overhead": "#AA4499",
     "non_torch": "#555555", "other": "#DDDDDD",
 })
 STATUS_TEXT_COLOR = "#333333"

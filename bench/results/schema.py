@@ -71,6 +71,8 @@ CATEGORIES = (
     "dense_optimizer",
     "activations",
     "comm_buffers",
+    # batches a train pipeline holds beyond the one being trained, with their distributed KJTs (pipeline=)
+    "inputs_in_flight",
     "allocator_overhead",
     "non_torch",
     "other",

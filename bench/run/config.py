@@ -105,6 +105,13 @@ class ModelConfig:
 
 
 @dataclass
+class PipelineConfig:
+    # plain (membench's loop) | base | sparse_dist | sparse_dist_lite | fused_sparse_dist | semi_sync (torchrec's
+    # train pipelines; the last two need CUDA). What each holds in flight: bench.run.pipelines.PIPELINES
+    name: str = "plain"
+
+
+@dataclass
 class LauncherConfig:
     # No progress (a finished phase on any rank) for this long -> the launcher ends the torchrun agents
     # and every rank, and marks the run `timeout`; collectives time out after twice this time, so a dead
@@ -141,6 +148,7 @@ class RunConfig:
     record: RecordConfig = field(default_factory=RecordConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     # train (launch under torchrun) | plan (estimate only, any world size) | provision; set by the command
     mode: str = "train"
@@ -154,6 +162,11 @@ class RunConfig:
     timeout_s: int = 1800
     # Set by the CLI from Hydra's output directory; not meant to be overridden
     run_id: str = ""
+
+
+# Sections and fields added after results were recorded: hashed only when they differ from their default, so that
+# a config which does not use them keeps the hash its baselines (and earlier results) were recorded with
+HASHED_WHEN_SET = {"pipeline": {"name": "plain"}, "workload.tables_file": None, "workload.generator": "auto"}
 
 
 def register_configs() -> None:
@@ -189,8 +202,28 @@ def to_run_config(cfg) -> RunConfig:
 
 def config_hash(cfg: RunConfig) -> str:
     payload = {name: OmegaConf.to_container(OmegaConf.structured(getattr(cfg, name)))
-               for name in HASHED_SECTIONS}
+               for name in (*HASHED_SECTIONS, *(path for path in HASHED_WHEN_SET if "." not in path))}
+    for path, default in HASHED_WHEN_SET.items():
+        *parents, key = path.split(".")
+        node = payload
+        for parent in parents:
+            node = node[parent]
+        if node[key] == default:
+            del node[key]
+    if cfg.workload.tables_file:
+        payload["workload"]["tables_file"] = tables_file_digest(cfg.workload.tables_file)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tables_file_digest(given: str) -> str:
+    """What a tables file holds, not where it lies: the same file under another path hashes the same, an edited
+    one differently (a file that cannot be read: its name, for validation to refuse)."""
+    from workloads.tables_file import resolve_path
+
+    try:
+        return "sha256:" + hashlib.sha256(resolve_path(given).read_bytes()).hexdigest()
+    except (OSError, ValueError):
+        return given
 
 
 def with_setup_steps(cfg: RunConfig) -> RunConfig:

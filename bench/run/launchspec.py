@@ -23,6 +23,7 @@ from bench.planning.types import PlanTarget
 from bench.results.schema import (DEVICE_CPU, DEVICE_CUDA, DEVICE_CUDA_SIMULATED, has_cuda_allocator,
                                   kernel_device)
 from bench.results.store import atomic_write_json, atomic_write_text
+from workloads.pipelines import validate_pipeline
 from bench.run.config import CPU_MODES, SETUP_STEPS, RunConfig, to_run_config, with_setup_steps
 from workloads.spec import build_spec
 from workloads.storage import materialized_bytes
@@ -232,7 +233,18 @@ def resolve_run(cfg: RunConfig, launch: LaunchSpec) -> RunConfig:
     batch_size (refused when it does not split evenly over the ranks); warm-up steps raised to cover the
     one-time setup (SETUP_STEPS)."""
     resolved = with_setup_steps(cfg)
-    if resolved is not cfg:
+    tables_file = cfg.workload.tables_file
+    if tables_file and not Path(tables_file).is_absolute():
+        from workloads.tables_file import resolve_path
+
+        try:  # recorded as found, so config.yaml names the file whatever directory the run started in
+            absolute = str(resolve_path(tables_file))
+        except ValueError:
+            absolute = None  # validation names the problem
+        if absolute:
+            resolved = copy.deepcopy(resolved) if resolved is cfg else resolved
+            resolved.workload.tables_file = absolute
+    if resolved is not cfg and resolved.workload.warmup_steps != cfg.workload.warmup_steps:
         print(f"[membench] workload.warmup_steps {cfg.workload.warmup_steps} -> {SETUP_STEPS}: the first "
               f"{SETUP_STEPS} steps build what is built once (optimizer state, DDP's rebuilt gradient buckets), "
               f"so the measured steps start after them", flush=True)
@@ -273,6 +285,7 @@ def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int |
     if cfg.record.nvml_interval_ms < 1:
         raise ConfigError("record.nvml_interval_ms", cfg.record.nvml_interval_ms, "must be >= 1")
     validate_workload(cfg.workload)
+    validate_pipeline(cfg.pipeline.name, cfg.model.backend, kernel_device(launch.device_type))
     _validate_sharding(cfg, kernel_device(launch.device_type))
     _validate_materialized(cfg, launch, available_host_bytes)
     if has_cuda_allocator(launch.device_type):
@@ -324,11 +337,15 @@ def _validate_backend(cfg: RunConfig) -> None:
 def _validate_sharding(cfg: RunConfig, device_type: str) -> None:
     sharding = cfg.sharding
     validate_sharding_type("sharding.type", sharding.type, device_type, allow_auto=True)
-    names = {f"t{i}" for i in range(cfg.workload.num_tables)}
+    if cfg.workload.tables_file:
+        names = [t.name for t in build_spec(cfg.workload).tables]
+        listed = ", ".join(names[:6]) + (f", ... ({len(names)} tables)" if len(names) > 6 else "")
+    else:
+        names = [f"t{i}" for i in range(cfg.workload.num_tables)]
+        listed = f"t0..t{cfg.workload.num_tables - 1}"
     for table, sharding_type in sharding.per_table.items():
         if table not in names:
-            raise ConfigError(f"sharding.per_table.{table}", sharding_type,
-                              f"no such table; tables are t0..t{cfg.workload.num_tables - 1}")
+            raise ConfigError(f"sharding.per_table.{table}", sharding_type, f"no such table; tables are {listed}")
         validate_sharding_type(f"sharding.per_table.{table}", sharding_type, device_type, allow_auto=False)
     if sharding.compute_kernel not in COMPUTE_KERNELS:
         raise ConfigError("sharding.compute_kernel", sharding.compute_kernel,

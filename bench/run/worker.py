@@ -24,8 +24,9 @@ from bench.accounting.oom import OomEvent, is_memory_failure
 from bench.run.backends import make_backend
 from bench.planning.torchrec_adapter import quiet_libraries
 from bench.results.store import heartbeat, progress_file, timeline_file, write_rank_result
-from bench.run.config import SETUP_STEPS
 from bench.run.launchspec import LaunchSpec, load_run_config, rank_cuda_index
+from workloads.pipelines import pipeline_kind
+from bench.run.pipelines import PipelinedTraining, after_step
 from workloads.data import SyntheticBatches
 from workloads.spec import build_spec
 
@@ -46,8 +47,36 @@ def train(cfg, launch: LaunchSpec, run_dir: Path, rank: int, device: torch.devic
         (run_dir / "sharding_plan.json").write_text(json.dumps(backend.plan_rows, indent=2) + "\n")
     log(rank, f"built {len(spec.tables)} tables ({backend.name} backend) in {time.perf_counter() - t0:.1f} s; "
               f"training {cfg.workload.warmup_steps} warm-up + {cfg.workload.steps} steps")
-    batches = SyntheticBatches(spec, rank, launch.world_size)
+    batches = make_batches(cfg.workload.generator, spec, rank, launch.world_size, device)
     total_steps = cfg.workload.warmup_steps + cfg.workload.steps
+    kind = pipeline_kind(cfg.pipeline.name)
+    if kind.torchrec_class is None:
+        train_plain(backend, batches, recorder, total_steps, lambda message: log(rank, message))
+    else:
+        log(rank, f"through torchrec's {kind.torchrec_class}; in flight: {kind.holds}")
+        PipelinedTraining(kind, backend, batches, recorder, lambda message: log(rank, message)).run(total_steps)
+    recorder.finish_steps()
+
+
+def draws_on_device(generator: str, device_type: str, spec) -> bool:
+    """workload.generator: auto draws on the rank's GPU (no host-to-device copy per batch) unless a table has an
+    id histogram, which only the host generator draws."""
+    if generator == "auto":
+        return device_type == "cuda" and not any(t.ids.distribution == "histogram" for t in spec.tables)
+    return generator == "device"
+
+
+def make_batches(generator: str, spec, rank: int, world_size: int, device: torch.device):
+    """The rank's input stream (workload.generator)."""
+    if draws_on_device(generator, device.type, spec):
+        from workloads.device_data import DeviceSyntheticBatches
+
+        return DeviceSyntheticBatches(spec, rank, world_size, device)
+    return SyntheticBatches(spec, rank, world_size)
+
+
+def train_plain(backend, batches, recorder, total_steps: int, log) -> None:
+    """membench's own loop (pipeline=plain): each step makes its batch, then trains it."""
     for step in range(total_steps):
         with recorder.phase(step, "input"):
             batch = backend.prepare(batches.batch(step))
@@ -59,17 +88,11 @@ def train(cfg, launch: LaunchSpec, run_dir: Path, rank: int, device: torch.devic
             for category, optimizer in backend.optimizers:
                 with recorder.category(category):
                     optimizer.step()
-            if step < SETUP_STEPS:
-                # what the setup steps build gets its owner: grads, optimizer state and lazily built modules
-                # (step 1), DDP's rebuilt gradient buckets (steps 2-3; else they would count as activations)
-                recorder.attribute(backend.ownership())
-            if step == 0:
-                backend.after_first_step(recorder, lambda message: log(rank, message))
+            after_step(backend, recorder, step, log)
             for _, optimizer in backend.optimizers:
                 optimizer.zero_grad()
         del batch, loss
-        log(rank, f"step {step + 1}/{total_steps} done")
-    recorder.finish_steps()
+        log(f"step {step + 1}/{total_steps} done")
 
 
 def hang_once(recorder, resume) -> None:

@@ -9,6 +9,7 @@ from bench.report.figures.breakdown import figure_breakdown
 from bench.report.figures.estimate import figure_estimate
 from bench.report.figures.frontier import figure_frontier
 from bench.report.figures.imbalance import figure_imbalance
+from bench.report.figures.pipelines import figure_pipelines
 from bench.report.figures.plan import figure_plan
 from bench.report.figures.timeline import figure_timeline
 from bench.report.figures.utilization import figure_utilization
@@ -27,4 +28,5 @@ FIGURES: Tuple[Tuple[str, Builder], ...] = (
     ("estimated vs measured", lambda plot, runs, sweeps: figure_estimate(plot, runs)),
     ("plan mode at scale", lambda plot, runs, sweeps: figure_plan(plot, runs)),
     ("allocated vs reserved", lambda plot, runs, sweeps: figure_allocator(plot, runs)),
+    ("train pipelines", lambda plot, runs, sweeps: figure_pipelines(plot, runs)),
 )

@@ -1,19 +1,18 @@
 """CPU backend: exact live-tensor bytes (LiveTensorTracker) with emulated capacity, plus process RSS."""
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, List, Optional
 
 import psutil
 import torch
 
 from bench.accounting.live_tensors import LiveTensorTracker
 from bench.results.schema import complete_breakdown
-from bench.run.memory.recorder import MemoryRecorder, PhaseSample, TrackingMixin
+from bench.run.memory.recorder import MemoryRecorder, PhaseSample, TaggingMixin, TrackingMixin, fold_in_flight
 
 
-class CpuExactRecorder(TrackingMixin, MemoryRecorder):
+class CpuExactRecorder(TaggingMixin, TrackingMixin, MemoryRecorder):
     name = "cpu_exact"
     attributes_allocations = True
 
@@ -26,7 +25,7 @@ class CpuExactRecorder(TrackingMixin, MemoryRecorder):
 
     def _on_new_peak(self) -> None:
         if self._new_segment_peak(self.tracker.live_bytes):
-            self._segment_breakdown[self._segment] = dict(self.tracker.by_category)
+            self._segment_breakdown[self._segment] = fold_in_flight(self.tracker.by_category)
 
     def _reset_segment_peak(self) -> None:
         # A segment's peak is at least what is live when it starts (with the breakdown of then).
@@ -37,15 +36,6 @@ class CpuExactRecorder(TrackingMixin, MemoryRecorder):
     def _begin_phase(self, category: str) -> None:
         self.tracker.category = category
         self.tracker.reset_phase_peak()
-
-    @contextmanager
-    def category(self, category: str) -> Iterator[None]:
-        """Charge allocations in this scope to `category` (e.g. comm_buffers inside all-to-alls)."""
-        previous, self.tracker.category = self.tracker.category, category
-        try:
-            yield
-        finally:
-            self.tracker.category = previous
 
     def _sample(self) -> PhaseSample:
         self.tracker.flush_deferred()
@@ -62,7 +52,7 @@ class CpuExactRecorder(TrackingMixin, MemoryRecorder):
 
     def failure_stats(self) -> Dict[str, int]:
         return {"live_bytes": self.tracker.live_bytes, "capacity_bytes": self.capacity_bytes,
-                **{f"live.{k}": v for k, v in self.tracker.by_category.items()}}
+                **{f"live.{k}": v for k, v in fold_in_flight(self.tracker.by_category).items()}}
 
     def _breakdown(self, segment: str, peak_bytes: int) -> Dict[str, int]:
         return complete_breakdown(peak_bytes, self._segment_breakdown.get(segment, {}))

@@ -59,6 +59,8 @@ class CudaRecorder(MemoryRecorder):
         self._segment_key: Dict[str, tuple] = {}
         self._segment_max: Dict[str, tuple] = {}
         self._segment_fragmentation: Dict[str, tuple] = {}
+        self._segment_in_flight: Dict[str, int] = {}
+        self.in_flight_probe: Callable[[], int] = lambda: 0
         self.sampler = sampler
         if self.sampler is None:
             self.sampler = NvmlSampler(nvml_device_index(device.index or 0), interval_s=nvml_interval_s)
@@ -123,6 +125,7 @@ class CudaRecorder(MemoryRecorder):
                                                   device_used)
             self._segment_fragmentation[self._segment] = (stats.inactive_split_bytes,
                                                           stats.peak_inactive_split_bytes)
+            self._segment_in_flight[self._segment] = self.in_flight_bytes()
         allocated, reserved = self._segment_max.get(self._segment, (0, 0))
         self._segment_max[self._segment] = (max(allocated, stats.peak_allocated_bytes),
                                             max(reserved, stats.peak_reserved_bytes))
@@ -131,6 +134,12 @@ class CudaRecorder(MemoryRecorder):
 
     def synchronize(self) -> None:
         self._synchronize(self.device)
+
+    def in_flight_bytes(self) -> int:
+        """A train pipeline's batches held beyond the one being trained, on this device, at the end of the phase
+        that set the segment's top (the pipeline runner points `in_flight_probe` at them; their distributed
+        KJTs are not seen here)."""
+        return self.in_flight_probe()
 
     def attribute(self, ownership: Dict[str, List[torch.Tensor]]) -> None:
         """Static memory by owner, counting only what the caching allocator holds: UVM tables live in
@@ -153,7 +162,8 @@ class CudaRecorder(MemoryRecorder):
         allocated, reserved, device_used = self._segment_stats.get(segment, (0, 0, None))
         static = sum(self._static_bytes.values())
         parts = dict(self._static_bytes)
-        parts["activations"] = max(0, allocated - static)
+        parts["inputs_in_flight"] = self._segment_in_flight.get(segment, 0)
+        parts["activations"] = max(0, allocated - static - parts["inputs_in_flight"])
         parts["allocator_overhead"] = reserved - allocated
         if device_used is not None:
             parts["non_torch"] = device_used - reserved

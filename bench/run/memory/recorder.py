@@ -31,6 +31,30 @@ PHASE_CATEGORY = {
     # optimizer state is created lazily in the first optimizer step; step temporaries go with it
     "optimizer": "dense_optimizer",
 }
+# A train pipeline's batches in flight (bench.run.pipelines): while batch `step` waits, what is made for it is
+# charged to `inputs_in_flight:<step>:<part>`, folded into `inputs_in_flight` in every breakdown; when its own
+# forward starts it becomes what the plain loop would have made of it (IN_FLIGHT_SETTLES).
+IN_FLIGHT = "inputs_in_flight"
+# part -> its category once the batch is the one being trained. made: what ops made of the batch (as the plain
+# loop's input phase counts it); host: the batch's own tensors, wrapped from numpy without an op, which the plain
+# loop never counts; dist: its input all-to-all, which the plain loop runs in the forward, in torchrec's comm
+# modules
+IN_FLIGHT_SETTLES = {"made": "activations", "host": None, "dist": "comm_buffers"}
+
+
+def in_flight_category(step: int, part: str) -> str:
+    return f"{IN_FLIGHT}:{step}:{part}"
+
+
+def fold_in_flight(by_category: Dict[str, int]) -> Dict[str, int]:
+    """Per-batch in-flight categories summed into `inputs_in_flight`."""
+    folded: Dict[str, int] = {}
+    for category, nbytes in by_category.items():
+        key = IN_FLIGHT if category.startswith(IN_FLIGHT + ":") else category
+        folded[key] = folded.get(key, 0) + nbytes
+    return folded
+
+
 TIMELINE_FIELDS = ("time_s", "step", "phase", "in_use_bytes", "phase_peak_bytes", "reserved_bytes",
                    "device_used_bytes")
 
@@ -129,9 +153,18 @@ class MemoryRecorder:
     attributes_allocations = False
 
     @contextmanager
-    def category(self, category: str) -> Iterator[None]:
-        """Allocations in this scope count as `category` (recorders that cannot tell: no effect)."""
+    def category(self, category: str, pinned: bool = False) -> Iterator[None]:
+        """Allocations in this scope count as `category` (recorders that cannot tell: no effect); `pinned`:
+        scopes opened inside it do not change that (a batch in flight stays in flight through the comm
+        modules its input all-to-all runs in)."""
         yield
+
+    def hold_in_flight(self, step: int, tensors: List[torch.Tensor]) -> None:
+        """Batch `step`'s own tensors, now held by a train pipeline ahead of its turn."""
+
+    def settle_in_flight(self, step: int) -> None:
+        """Batch `step` is the one being trained now: what was in flight for it is counted as the plain loop
+        counts its batch (IN_FLIGHT_SETTLES)."""
 
     def failure_stats(self) -> Dict[str, int]:
         return {}
@@ -238,6 +271,35 @@ class TrackingMixin:
     def close(self) -> None:
         self.stop()
         super().close()
+
+
+class TaggingMixin:
+    """Categories by allocation site for a recorder whose tracker is a LiveTensorTracker (`self.tracker`): the
+    exact CPU one and the simulated device."""
+    _pinned = 0
+
+    @contextmanager
+    def category(self, category: str, pinned: bool = False) -> Iterator[None]:
+        if self._pinned:
+            yield
+            return
+        previous, self.tracker.category = self.tracker.category, category
+        self._pinned += pinned
+        try:
+            yield
+        finally:
+            self._pinned -= pinned
+            self.tracker.category = previous
+
+    def hold_in_flight(self, step: int, tensors: List[torch.Tensor]) -> None:
+        self.tracker.track_new(tensors, in_flight_category(step, "host"))
+
+    def settle_in_flight(self, step: int) -> None:
+        for part, category in IN_FLIGHT_SETTLES.items():
+            self.tracker.recharge(in_flight_category(step, part), category)
+
+    def in_flight_bytes(self) -> int:
+        return fold_in_flight(self.tracker.by_category).get(IN_FLIGHT, 0)
 
 
 class StepTimeRecorder(MemoryRecorder):

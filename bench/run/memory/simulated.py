@@ -26,7 +26,7 @@ from bench.accounting.live_tensors import LiveTensorTracker
 from bench.run.memory.cuda import CudaRecorder
 from bench.run.memory.cuda_stats import parse_memory_stats
 from bench.run.memory.nvml import NvmlSample
-from bench.run.memory.recorder import PhaseSample, TrackingMixin
+from bench.run.memory.recorder import PhaseSample, TaggingMixin, TrackingMixin
 from workloads.units import UNBOUNDED_BYTES
 
 
@@ -78,7 +78,7 @@ class SimulatedSnapshots:
         return str(path)
 
 
-class SimulatedCudaRecorder(TrackingMixin, CudaRecorder):
+class SimulatedCudaRecorder(TaggingMixin, TrackingMixin, CudaRecorder):
     name = "cuda_simulated"
 
     def __init__(self, rank: int, capacity_bytes: int, device_bytes: int, device_free_bytes: int,

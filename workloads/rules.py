@@ -1,0 +1,31 @@
+"""The vocabulary of a valid workload (allowed values, kernel constraints) and the error every check raises.
+
+Kept apart from workloads.validate so that what validation reads (the tables file loader) can use them
+without importing validation back.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+ROWS_DISTRIBUTIONS = ("fixed", "log_uniform", "log_normal")
+MATERIALIZE = ("full", "scaled", "plan_only")
+DATA_TYPES = ("fp32", "fp16")
+POOLING_DISTRIBUTIONS = ("fixed", "uniform", "poisson", "pareto")
+ID_DISTRIBUTIONS = ("uniform", "zipf")
+GENERATORS = ("auto", "host", "device")
+ARCHS = ("dlrm", "dlrm_dcn")
+SHARDING_TYPES_CPU = ("data_parallel", "table_wise", "column_wise", "table_column_wise")
+SHARDING_TYPES_CUDA_ONLY = ("row_wise", "table_row_wise", "grid_shard")
+COMPUTE_KERNELS = ("auto", "fused", "dense", "fused_uvm_caching")
+# fbgemm's CPU table-batched kernels implement only these fused optimizers (exact SGD / row-wise Adagrad)
+EMBEDDING_OPTIMIZERS_CPU_FUSED = ("sgd", "rowwise_adagrad")
+# fbgemm's table-batched embedding kernels need every dim to be a multiple of 4 (vectorized rows)
+FBGEMM_DIM_ALIGNMENT = 4
+
+
+class ConfigError(ValueError):
+    """An invalid config value: one line with field, value and how to fix it."""
+
+    def __init__(self, field: str, value: Any, fix: str):
+        self.field, self.value, self.fix = field, value, fix
+        super().__init__(f"invalid config: {field}={value!r}: {fix}")
