@@ -400,18 +400,28 @@ def test_fast_zipf_matches_the_law_chi_square(alpha, n):
 
 @pytest.mark.parametrize("alpha,n", [(1.05, 10_000), (1.05, 10**7), (0.5, 10**10), (3.0, 1000), (1.0, 17)])
 def test_fast_zipf_is_the_exact_inverse_cdf_of_a_53_bit_uniform(alpha, n):
-    # replay the documented draws by hand: U_hi from ceil(m/2) words, then one word per mixed-bucket draw
+    # replay the documented draws by hand: the key is one word of the generator; U_hi from the halves of the
+    # key's SplitMix64 words 0 .. ceil(m/2) - 1, then one more word per mixed-bucket draw, in draw order
     from workloads import ids
 
     m = 20_001
     got = draw_zipf_ranks(np.random.default_rng(3), alpha, n, m)
-    bg = np.random.default_rng(3).bit_generator
-    hi = bg.random_raw((m + 1) // 2).view(np.uint32)[:m].astype(np.uint64)
+    key = int(np.random.default_rng(3).bit_generator.random_raw())
+    gamma, mask = 0x9E3779B97F4A7C15, (1 << 64) - 1
+
+    def word(j: int) -> int:  # SplitMix64, written out in Python integers
+        z = (key + (j + 1) * gamma) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    words = [word(j) for j in range((m + 1) // 2)]
+    hi = np.array([(words[d // 2] >> (32 * (d % 2))) & 0xFFFFFFFF for d in range(m)], dtype=np.uint64)
     tab = ids._zipf_table(float(alpha), n)
     buckets = ids._zipf_buckets(float(alpha), n, False)
-    mixed = buckets.table[(hi >> np.uint64(32 - buckets.bits)).astype(np.int64)] < 0
+    mixed = np.flatnonzero(buckets.table[(hi >> np.uint64(32 - buckets.bits)).astype(np.int64)] < 0)
     low = np.zeros(m, dtype=np.uint64)
-    low[mixed] = bg.random_raw(int(mixed.sum())) >> np.uint64(43)
+    low[mixed] = [word((m + 1) // 2 + c) >> 43 for c in range(len(mixed))]
     u = np.ldexp(((hi << np.uint64(21)) | low).astype(np.float64), -53)
     want = ids._zipf_ranks_from_u(tab, u)
     # a pure bucket maps all of its u to one rank: the low bits it did not draw do not matter
@@ -463,17 +473,15 @@ def test_compiled_bucket_lookup_gives_numpys_ids_bit_for_bit(alpha, n):
     """workloads.id_kernels' compiled loop (used from COMPILED_MIN_IDS ids on) and the numpy passes agree
     exactly, on one table and on a group of three."""
     from workloads.id_kernels import COMPILED_MIN_IDS, compiled_bucket_lookup
-    from workloads.ids import draw_zipf_grouped, zipf_words
+    from workloads.ids import draw_zipf_grouped
 
     assert compiled_bucket_lookup() is not None  # numba is a dependency: the fast path is the one measured
     for sizes in ([COMPILED_MIN_IDS + 3], [COMPILED_MIN_IDS // 2, 1, COMPILED_MIN_IDS]):
+        keys = [int(k) for k in np.random.default_rng(7).integers(0, 2**63, len(sizes))]
         results = []
         for compiled in (True, False):
-            rngs = [np.random.default_rng([7, i]) for i in range(len(sizes))]
-            words = [zipf_words(rng, size) for rng, size in zip(rngs, sizes)]
             out = np.empty(sum(sizes), dtype=np.int64)
-            draw_zipf_grouped(alpha, n, words, lambda i, c: rngs[i].bit_generator.random_raw(c), out,
-                              compiled=compiled)
+            draw_zipf_grouped(alpha, n, keys, sizes, out, compiled=compiled)
             results.append(out)
         assert np.array_equal(results[0], results[1])
         assert results[0].min() >= 0 and results[0].max() < n

@@ -147,3 +147,20 @@ def test_gloo_threads_count_as_busy_while_they_run(tmp_path, monkeypatch):
     worker.join()
     monkeypatch.setattr(collectives, "TASKS_DIR", tmp_path / "absent")  # no /proc: never seen idle
     assert not collectives.wait_until_gloo_idle(timeout_s=0.05)
+
+
+def test_frees_after_counting_stops_change_nothing_not_even_the_allocator_model():
+    """A simulated device's snapshot is written after its recorder stops counting, while the garbage collector may
+    still free tensors: those frees must not reach the allocator model (they once mutated its trace while the
+    snapshot iterated it: 'deque mutated during iteration')."""
+    from bench.accounting.caching_allocator import AllocatorSettings, CachingAllocatorModel
+
+    model = CachingAllocatorModel(1 << 30, AllocatorSettings(), trace_max_entries=100)
+    tracker = LiveTensorTracker(torch.device("cpu"), 1 << 30, rank=0, allocator=model)
+    with tracker:
+        kept = torch.ones(1000)
+    entries = len(model.trace.entries())
+    tracker.freeze()
+    del kept
+    assert tracker.live_bytes == 4000 and len(model.trace.entries()) == entries
+    assert model.memory_stats()["allocated_bytes.all.current"] > 0

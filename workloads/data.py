@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from workloads.config import PoolingConfig
-from workloads.ids import draw_virtual_ids, draw_zipf_grouped, to_physical, zipf_multiplier, zipf_words
+from workloads.ids import draw_virtual_ids, draw_zipf_grouped, to_physical, zipf_key, zipf_multiplier
 from workloads.spec import WorkloadSpec
 from workloads.tables_file import draw_histogram_ids
 
@@ -135,6 +135,19 @@ def _draw_other_ids(rng: np.random.Generator, ids_cfg, virtual_rows: int, n: int
     return draw_virtual_ids(rng, ids_cfg, virtual_rows, n)
 
 
+def check_stream_args(spec: WorkloadSpec, rank: int, world_size: int) -> None:
+    """ValueError unless `rank` is one of `world_size` and every table is materialized (what either generator
+    needs)."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    unmaterialized = [t.name for t in spec.tables if t.physical_rows <= 0]
+    if unmaterialized:
+        raise ValueError(
+            f"tables {unmaterialized} have physical_rows=0 (materialize={spec.config.materialize!r}); "
+            "synthetic batches need materialized tables (materialize=full or scaled)"
+        )
+
+
 class SyntheticBatches:
     """Deterministic batches for one rank: ``batch(step)`` depends only on (config.seed, rank, step).
 
@@ -143,14 +156,7 @@ class SyntheticBatches:
     """
 
     def __init__(self, spec: WorkloadSpec, rank: int, world_size: int):
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        unmaterialized = [t.name for t in spec.tables if t.physical_rows <= 0]
-        if unmaterialized:
-            raise ValueError(
-                f"tables {unmaterialized} have physical_rows=0 (materialize={spec.config.materialize!r}); "
-                "synthetic batches need materialized tables (materialize=full or scaled)"
-            )
+        check_stream_args(spec, rank, world_size)
         self.spec = spec
         self.rank = int(rank)
         self.world_size = int(world_size)
@@ -172,45 +178,39 @@ class SyntheticBatches:
         dense = rng.standard_normal((n, self.num_dense_features), dtype=np.float32)
         labels = (rng.random(n) < 0.5).astype(np.float32)
 
-        # per table: its pooling factors, then its ids' first draw -- Zipf: `zipf_words` (the few low words
-        # of its mixed-bucket ids come later from the same stream, right after: its state is kept for that)
+        # per table: its pooling factors, then its ids -- Zipf: the key of its draw (`zipf_key`); a run of Zipf
+        # tables with the same law and id space is then drawn in one pass
         tables = self.spec.tables
         lengths: List[np.ndarray] = []
-        first: List[np.ndarray] = []
-        states: List[Optional[dict]] = []
+        counts: List[int] = []
+        keys: List[Optional[int]] = []
+        others: List[Optional[np.ndarray]] = []
         for i, t in enumerate(tables):
             bitgen.state = start  # stream 1 + i: rewind, then jump to its window
             bitgen.advance((1 + i) * STREAM_STRIDE)
             lens = draw_pooling(rng, _pooling_of(t, cfg), t.pooling_mean, n)
             lengths.append(lens)
-            m = int(lens.sum())
+            counts.append(int(lens.sum()))
             ids_cfg = _ids_of(t, cfg)
             if ids_cfg.distribution == "zipf":
-                first.append(zipf_words(rng, m))
-                states.append(bitgen.state)
+                keys.append(zipf_key(rng))
+                others.append(None)
             else:
-                first.append(_draw_other_ids(rng, ids_cfg, t.virtual_rows, m))
-                states.append(None)
+                keys.append(None)
+                others.append(_draw_other_ids(rng, ids_cfg, t.virtual_rows, counts[-1]))
 
-        offsets = np.concatenate([[0], np.cumsum([len(w) for w in first], dtype=np.int64)]).tolist()
+        offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
         values_np = np.empty(offsets[-1], dtype=np.int64)
         i = 0
         while i < len(tables):
             k = i + 1
-            out = values_np[offsets[i] : offsets[k]]
-            if states[i] is None:
-                out[...] = first[i]
-            else:  # a run of Zipf tables with the same law and id space: one pass (`draw_zipf_grouped`)
-                key = _zipf_key(tables[i], cfg)
-                while k < len(tables) and states[k] is not None and _zipf_key(tables[k], cfg) == key:
+            if keys[i] is None:
+                values_np[offsets[i] : offsets[k]] = others[i]
+            else:
+                law = _zipf_key(tables[i], cfg)
+                while k < len(tables) and keys[k] is not None and _zipf_key(tables[k], cfg) == law:
                     k += 1
-                out = values_np[offsets[i] : offsets[k]]
-
-                def low_words(j: int, count: int, group_start: int = i) -> np.ndarray:
-                    bitgen.state = states[group_start + j]
-                    return bitgen.random_raw(count)
-
-                draw_zipf_grouped(key[0], key[1], first[i:k], low_words, out)
+                draw_zipf_grouped(law[0], law[1], keys[i:k], counts[i:k], values_np[offsets[i] : offsets[k]])
             for j in range(i, k):  # virtual -> physical rows (the identity when materialized in full)
                 t = tables[j]
                 if t.physical_rows != t.virtual_rows:

@@ -25,7 +25,8 @@ from typing import Iterator, List, Optional, Sequence
 
 import torch
 
-from workloads.data import Batch
+from workloads.data import Batch, check_stream_args
+from workloads.id_kernels import SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2
 from workloads.ids import _ZipfTable, _zipf_table, zipf_multiplier
 from workloads.spec import WorkloadSpec
 
@@ -43,9 +44,9 @@ def _signed(x: int) -> int:
 
 def _splitmix_int(x: int) -> int:
     """splitmix64 on a Python int (seed mixing on the host)."""
-    z = (x + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z = (x + SPLITMIX_GAMMA) & _MASK64
+    z = ((z ^ (z >> 30)) * SPLITMIX_M1) & _MASK64
+    z = ((z ^ (z >> 27)) * SPLITMIX_M2) & _MASK64
     return z ^ (z >> 31)
 
 
@@ -56,7 +57,7 @@ def batch_seed(seed: int, rank: int, step: int) -> int:
             raise ValueError(f"{name} must be >= 0, got {v}")
     h = 0
     for v in (int(seed), int(rank), int(step)):
-        h = _splitmix_int(h ^ (v & _MASK64) ^ ((v >> 64) * 0x9E3779B97F4A7C15))
+        h = _splitmix_int(h ^ (v & _MASK64) ^ ((v >> 64) * SPLITMIX_GAMMA))
     return h >> 1
 
 
@@ -96,11 +97,11 @@ def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
 
 def splitmix64_t(x: torch.Tensor) -> torch.Tensor:
     """``workloads.ids.splitmix64`` on int64 tensors (the uint64 result's bits, as int64)."""
-    z = x + _signed(0x9E3779B97F4A7C15)
+    z = x + _signed(SPLITMIX_GAMMA)
     z = z ^ _shr(z, 30)
-    z = z * _signed(0xBF58476D1CE4E5B9)
+    z = z * _signed(SPLITMIX_M1)
     z = z ^ _shr(z, 27)
-    z = z * _signed(0x94D049BB133111EB)
+    z = z * _signed(SPLITMIX_M2)
     return z ^ _shr(z, 31)
 
 
@@ -164,14 +165,7 @@ class DeviceSyntheticBatches:
     """
 
     def __init__(self, spec: WorkloadSpec, rank: int, world_size: int, device="cpu"):
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        unmaterialized = [t.name for t in spec.tables if t.physical_rows <= 0]
-        if unmaterialized:
-            raise ValueError(
-                f"tables {unmaterialized} have physical_rows=0 (materialize={spec.config.materialize!r}); "
-                "synthetic batches need materialized tables (materialize=full or scaled)"
-            )
+        check_stream_args(spec, rank, world_size)
         self.spec = spec
         self.rank, self.world_size = int(rank), int(world_size)
         self.device = torch.device(device)

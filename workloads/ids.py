@@ -13,12 +13,12 @@ import math
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from workloads.config import IdsConfig
-from workloads.id_kernels import COMPILED_MIN_IDS, compiled_bucket_lookup
+from workloads.id_kernels import COMPILED_MIN_IDS, SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2, compiled_bucket_lookup
 
 # Golden-ratio conjugate: a multiplier near phi^-1 * N spreads consecutive ranks evenly (Weyl sequence).
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
@@ -215,81 +215,82 @@ def _scratch(dtype: type, n: int) -> np.ndarray:
     return buf[:n]
 
 
-def zipf_words(rng: np.random.Generator, n: int) -> np.ndarray:
-    """The first draw of ``n`` Zipf ids: ``ceil(n / 2)`` 64-bit words of ``rng``'s bit generator, read as
-    ``n`` uint32 words (the top 32 of the 53 bits of each id's uniform u)."""
-    return rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+def zipf_key(rng: np.random.Generator) -> int:
+    """A table's Zipf draw is keyed by one 64-bit word of its generator: its uniforms come from the SplitMix64
+    sequence of that key (`zipf_stream_words`), which the compiled loop can produce in place."""
+    return int(rng.bit_generator.random_raw())
 
 
-def draw_zipf_grouped(alpha: float, n_ranks: int, words: Sequence[np.ndarray],
-                      low_words: Callable[[int, int], np.ndarray], out: np.ndarray, as_ids: bool = True,
-                      compiled: bool = True) -> None:
+def zipf_stream_words(key: int, start: int, count: int) -> np.ndarray:
+    """Words ``start .. start + count - 1`` of the SplitMix64 sequence seeded with ``key`` (uint64):
+    ``W_j = splitmix64(key + j * gamma)``, as workloads.id_kernels computes them one by one."""
+    index = np.arange(start, start + count, dtype=np.uint64)
+    index *= _SM_GAMMA
+    index += np.uint64(key)
+    return splitmix64(index)
+
+
+def _top_words(key: int, n: int) -> np.ndarray:
+    """The top 32 of the 53 bits of each of ``n`` draws: the halves of words ``0 .. ceil(n/2) - 1``, low half
+    first (draw ``i`` takes word ``i // 2``)."""
+    return zipf_stream_words(key, 0, (n + 1) // 2).view(np.uint32)[:n]
+
+
+def draw_zipf_grouped(alpha: float, n_ranks: int, keys: Sequence[int], counts: Sequence[int], out: np.ndarray,
+                      as_ids: bool = True, compiled: bool = True) -> None:
     """Zipf ranks (or ids) for several tables of the same (alpha, n_ranks) in one pass, into ``out``.
 
-    ``words[i]``: table ``i``'s `zipf_words`; ``out``: their concatenation's length (int64);
-    ``low_words(i, c)``: ``c`` more 64-bit words from table ``i``'s generator, right after its
-    `zipf_words` (asked only when ``c > 0``, in table order). Table ``i`` gets exactly what
-    ``_draw_zipf`` would draw for it from the same generator: grouping changes the speed only.
+    Table ``i`` draws ``counts[i]`` values keyed by ``keys[i]`` (`zipf_key`); ``out`` is their concatenation
+    (int64). Table ``i`` gets exactly what ``_draw_zipf`` draws for it alone: grouping changes the speed only.
 
-    A cached table over the top ``B`` bits of u (`zipf_bucket_bits`) gives the rank outright for a
-    bucket that holds a single rank; a draw in a mixed bucket gets its 21 low bits (the top 21 of one
-    more word, in index order) and the inverse-CDF formula. Every draw is thus the exact
-    inverse CDF (`_zipf_ranks_from_u`) of the 53-bit uniform ``u = (U_hi * 2^21 + U_lo) / 2^53``.
-    The bucket lookup runs compiled (workloads.id_kernels) for large draws, unless ``compiled`` is False; the
-    values are the same.
+    Draw ``d`` of a table has the 53-bit uniform ``u = (U_hi * 2^21 + U_lo) / 2^53``: ``U_hi`` is half of word
+    ``d // 2`` of the table's SplitMix64 stream (low half for even ``d``), and a cached table over its top
+    ``B`` bits (`zipf_bucket_bits`) gives the rank outright when that bucket holds a single rank. A draw in a
+    mixed bucket takes ``U_lo`` from the top 21 bits of the next unused word (words ``ceil(n / 2)`` on, in
+    draw order) and the inverse-CDF formula. Every draw is thus the exact inverse CDF (`_zipf_ranks_from_u`)
+    of its 53-bit uniform. The bucket lookup runs compiled (workloads.id_kernels) for large draws, unless
+    ``compiled`` is False; the values are the same.
     """
     tab = _zipf_table(alpha, n_ranks)
     buckets = _zipf_buckets(alpha, n_ranks, as_ids)
     n = len(out)
     if n == 0:
         return
+    shift = _TOP_BITS - buckets.bits
     bucket_lookup = compiled_bucket_lookup() if n >= COMPILED_MIN_IDS and compiled else None
-    if bucket_lookup is not None:  # one compiled pass per table
-        mixed_buffer, mixed_hi, count, start = _scratch(np.int64, n), _scratch(np.uint32, n), 0, 0
-        shift = np.uint32(_TOP_BITS - buckets.bits)
-        for table_words in words:
-            end = start + len(table_words)
-            count = bucket_lookup(table_words, shift, buckets.table, out[start:end], start, mixed_buffer, mixed_hi,
-                                  count)
-            start = end
-        if not count:
-            return
-        mixed, hi_mixed = mixed_buffer[:count], mixed_hi[:count]
+    positions, u = _scratch(np.int64, n), _scratch(np.uint64, n)
+    starts = np.cumsum([0, *counts], dtype=np.int64)
+    if bucket_lookup is not None:  # one compiled pass: words made, looked up, mixed draws completed in place
+        count = bucket_lookup(np.array(keys, dtype=np.uint64), starts, np.uint64(shift), np.uint64(_LOW_BITS),
+                              buckets.table, out, positions, u)
     else:
-        hi = words[0] if len(words) == 1 else np.concatenate(words, out=_scratch(np.uint32, n))
-        j = np.right_shift(hi, np.uint32(_TOP_BITS - buckets.bits), out=_scratch(np.intp, n), casting="unsafe")
-        if buckets.table.dtype == np.int64:
-            np.take(buckets.table, j, out=out, mode="wrap")  # (j is in range: "wrap" skips the check)
-        else:
-            out[...] = np.take(buckets.table, j, out=_scratch(buckets.table.dtype, n), mode="wrap")
-        mixed = np.flatnonzero(np.less(out, 0, out=_scratch(np.bool_, n)))
-        if not mixed.size:
-            return
-        hi_mixed = hi[mixed]
-    if len(words) == 1:
-        low = low_words(0, mixed.size)
-    else:
-        ends = np.cumsum([len(w) for w in words])
-        counts = np.diff(np.searchsorted(mixed, ends, side="left"), prepend=0)
-        low = np.concatenate([low_words(i, int(c)) for i, c in enumerate(counts) if c])
-    u = hi_mixed.astype(np.uint64)
-    u <<= np.uint64(_LOW_BITS)
-    low >>= np.uint64(64 - _LOW_BITS)
-    u |= low
+        count = 0
+        for t, key in enumerate(keys):
+            start, end = int(starts[t]), int(starts[t + 1])
+            hi = _top_words(key, end - start)
+            part = out[start:end]
+            part[...] = buckets.table.take(hi >> np.uint32(shift))
+            mixed = np.flatnonzero(part < 0)
+            low = zipf_stream_words(key, (end - start + 1) // 2, mixed.size) >> np.uint64(64 - _LOW_BITS)
+            positions[count:count + mixed.size] = mixed + start
+            u[count:count + mixed.size] = (hi[mixed].astype(np.uint64) << np.uint64(_LOW_BITS)) | low
+            count += mixed.size
+    if not count:
+        return
+    u = u[:count]
     r = _zipf_ranks_from_u(tab, np.ldexp(u.astype(np.float64), -_U_BITS))
-    out[mixed] = zipf_rank_to_id(r, n_ranks) if as_ids else r
+    out[positions[:count]] = zipf_rank_to_id(r, n_ranks) if as_ids else r
 
 
 def _draw_zipf(rng: np.random.Generator, alpha: float, n_ranks: int, n: int, as_ids: bool,
                out: Optional[np.ndarray]) -> np.ndarray:
-    """``n`` Zipf ranks (or ids) from ``rng`` into ``out`` (a new array if None): `zipf_words`, then
-    ``draw_zipf_grouped`` for this one table (its low words come from ``rng`` right after)."""
+    """``n`` Zipf ranks (or ids) from ``rng`` into ``out`` (a new array if None): `zipf_key`, then
+    ``draw_zipf_grouped`` for this one table."""
     if out is None:
         out = np.empty(n, dtype=np.int64)
     elif out.shape != (n,) or out.dtype != np.int64:
         raise ValueError(f"out must be an int64 array of shape ({n},), got {out.dtype} {out.shape}")
-    words = zipf_words(rng, n)
-    draw_zipf_grouped(alpha, n_ranks, [words], lambda _i, c: rng.bit_generator.random_raw(c), out, as_ids)
+    draw_zipf_grouped(alpha, n_ranks, [zipf_key(rng)], [n], out, as_ids)
     return out
 
 
@@ -427,9 +428,9 @@ def draw_virtual_ids(rng: np.random.Generator, ids_cfg: IdsConfig, virtual_rows:
 # Virtual -> physical rows
 # --------------------------------------------------------------------------------------------------
 
-_SM_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_SM_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_SM_M2 = np.uint64(0x94D049BB133111EB)
+_SM_GAMMA = np.uint64(SPLITMIX_GAMMA)
+_SM_M1 = np.uint64(SPLITMIX_M1)
+_SM_M2 = np.uint64(SPLITMIX_M2)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 

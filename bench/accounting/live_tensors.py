@@ -70,6 +70,7 @@ class LiveTensorTracker(TorchDispatchMode):
         # collectives whose gloo threads were not seen to let go (their frees may come late)
         self.unsettled_collectives = 0
         self._owner_thread = threading.get_ident()
+        self._frozen = False
         # the allocator model's key of each allocation: a count, since a deferred free may still hold a
         # cdata that a new storage already reuses
         self._allocations = itertools.count(1)
@@ -85,7 +86,14 @@ class LiveTensorTracker(TorchDispatchMode):
             if self._on_new_peak is not None:
                 self._on_new_peak()
 
+    def freeze(self) -> None:
+        """Counting is over: storages that die from now on change nothing, here or in the allocator model (whose
+        snapshot is written after the counting stops, while the garbage collector may still free tensors)."""
+        self._frozen = True
+
     def _release(self, cdata: int, ref: weakref.ref) -> None:
+        if self._frozen:
+            return
         entry = self._entries.get(cdata)
         if entry is None or entry[2] is not ref:
             return

@@ -30,7 +30,7 @@ from pathlib import Path
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, List
+from typing import Callable, Dict, List
 
 import torch
 
@@ -74,14 +74,14 @@ def median_seconds(fn: Callable[[int], object], n: int, warmup: int = 1) -> floa
     return statistics.median(times)
 
 
-def generator_rate(spec: WorkloadSpec, ids: str, batches: int) -> float:
+def _our_stream(spec: WorkloadSpec, ids: str) -> Callable[[int], object]:
     cfg = spec.config
     cfg2 = WorkloadConfig(**{**cfg.__dict__, "ids": IdsConfig(distribution=ids, zipf_alpha=cfg.ids.zipf_alpha)})
     gen = SyntheticBatches(build_spec(cfg2), rank=0, world_size=1)
-    return cfg.batch_size / median_seconds(lambda i: gen.batch(abs(i)), batches)
+    return lambda i: gen.batch(abs(i))
 
 
-def random_rec_rate(spec: WorkloadSpec, batches: int) -> float:
+def _random_rec_stream(spec: WorkloadSpec) -> Callable[[int], object]:
     from torchrec.datasets.random import RandomRecDataset
 
     ids_per = [max(0, int(round(t.pooling_mean))) for t in spec.tables]
@@ -96,7 +96,29 @@ def random_rec_rate(spec: WorkloadSpec, batches: int) -> float:
         num_generated_batches=-1,  # generate each batch on the fly
     )
     it = iter(ds)
-    return spec.config.batch_size / median_seconds(lambda i: next(it), batches)
+    return lambda i: next(it)
+
+
+def generator_rates(spec: WorkloadSpec, batches: int) -> Dict[str, float]:
+    """Samples/s of our Zipf and uniform streams and of RandomRecDataset, each on one core (torch at one thread),
+    timed in turn batch by batch, so that a slower or busier moment of the machine falls on all three alike:
+    the ratios are side by side. Median over `batches` after one warm-up each."""
+    streams = {"zipf": _our_stream(spec, "zipf"), "uniform": _our_stream(spec, "uniform"),
+               "randomrec": _random_rec_stream(spec)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for make in streams.values():
+            make(-1)
+        times: Dict[str, List[float]] = {name: [] for name in streams}
+        for i in range(batches):
+            for name, make in streams.items():
+                t0 = time.perf_counter()
+                make(i)
+                times[name].append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return {name: spec.config.batch_size / statistics.median(values) for name, values in times.items()}
 
 
 def device_generator_rate(spec: WorkloadSpec, device: str, batches: int) -> float:
@@ -225,7 +247,7 @@ def render(rows: List[Row], header: str) -> None:
 
 def main(argv: List[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--batches", type=int, default=10, help="timed batches per generator (after 1 warm-up)")
+    p.add_argument("--batches", type=int, default=40, help="timed batches per generator (after 1 warm-up)")
     p.add_argument("--steps", type=int, default=3, help="timed training steps per shape (after 1 warm-up)")
     p.add_argument("--quick", action="store_true", help="small batches and few repeats (smoke run)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
@@ -242,15 +264,16 @@ def main(argv: List[str] | None = None) -> None:
     rows = []
     for cfg in shapes(args.quick):
         spec = build_spec(cfg)
+        rates = generator_rates(spec, batches)
         rows.append(
             Row(
                 shape=cfg.name,
                 tables=len(spec.tables),
                 batch=cfg.batch_size,
                 ids_per_sample=sum(round(t.pooling_mean) for t in spec.tables),
-                ours_zipf=generator_rate(spec, "zipf", batches),
-                ours_uniform=generator_rate(spec, "uniform", batches),
-                random_rec=random_rec_rate(spec, batches),
+                ours_zipf=rates["zipf"],
+                ours_uniform=rates["uniform"],
+                random_rec=rates["randomrec"],
                 step_ms=step_seconds(spec, steps) * 1000,
                 device_zipf=device_generator_rate(spec, args.device, batches),
                 device=args.device,
@@ -258,7 +281,8 @@ def main(argv: List[str] | None = None) -> None:
         )
     header = (
         f"samples/s on CPU (torch {torch.__version__}, {torch.get_num_threads()} intra-op threads for the step; "
-        f"generators single-threaded), median of {batches} batches / {steps} steps after warm-up"
+        f"generators on one thread, timed in turn batch by batch), median of {batches} batches / {steps} steps "
+        f"after warm-up"
     )
     render(rows, header)
     print(

@@ -38,6 +38,9 @@ class MemTrackerRecorder(TrackingMixin, MemoryRecorder):
         self.tracker = MemTracker()  # a dispatch mode too: TrackingMixin enters and leaves it
         self._stats_step = None
 
+    def _freeze(self) -> None:
+        pass  # MemTracker stops counting when its mode is left
+
     def _snapshot_bytes(self, which: str) -> int:
         return self.tracker.get_tracker_snapshot(which).get(self.device, {}).get(TOTAL_KEY, 0)
 

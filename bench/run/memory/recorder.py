@@ -267,6 +267,11 @@ class TrackingMixin:
         if self._active:
             self._active = False
             self.tracker.__exit__(None, None, None)
+            self._freeze()
+
+    def _freeze(self) -> None:
+        """What the tracker does once counting is over (a LiveTensorTracker ignores later frees)."""
+        self.tracker.freeze()
 
     def close(self) -> None:
         self.stop()
