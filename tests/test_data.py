@@ -485,3 +485,19 @@ def test_compiled_bucket_lookup_gives_numpys_ids_bit_for_bit(alpha, n):
             results.append(out)
         assert np.array_equal(results[0], results[1])
         assert results[0].min() >= 0 and results[0].max() < n
+
+
+def test_two_rank_buckets_split_where_the_formula_switches():
+    """A bucket of two ranks is split at the smallest offset the inverse CDF maps to the second: one below it
+    is still the first (the compiled loop compares draws against it instead of evaluating the formula)."""
+    from workloads import ids
+
+    for alpha, n in [(1.05, 10_000), (1.2, 40_000_000)]:
+        tab, buckets = ids._zipf_table(alpha, n), ids._zipf_buckets(alpha, n, False)
+        two = np.flatnonzero(buckets.table <= -2)
+        assert len(two) == len(buckets.split_offsets) > 0
+        starts = two.astype(np.int64) << (53 - buckets.bits)
+        at = ids._zipf_ranks_from_u(tab, np.ldexp((starts + buckets.split_offsets).astype(np.float64), -53))
+        before = ids._zipf_ranks_from_u(tab, np.ldexp((starts + buckets.split_offsets - 1).astype(np.float64), -53))
+        assert np.array_equal(at, buckets.split_second) and np.array_equal(before, buckets.split_first)
+        assert np.array_equal(buckets.split_second, buckets.split_first + 1)

@@ -28,15 +28,21 @@ def _splitmix(key, index):  # pragma: no cover (compiled)
     return z ^ (z >> np.uint64(31))
 
 
-def _bucket_lookup(keys, starts, shift, low_bits, table, out, mixed, mixed_u):  # pragma: no cover (compiled)
-    """For each table t (keyed by keys[t], its draws at out[starts[t]:starts[t + 1]], n of them): out[d] =
-    table[U_hi(d) >> shift], U_hi(d) the low (even d) or high (odd d) half of SplitMix64 word d // 2 of its key
-    (workloads.ids.zipf_stream_words). Where the bucket holds several ranks (-1), the position in `out` goes to
-    `mixed` and the draw's whole uniform, U_hi(d) << low_bits | U_lo, to `mixed_u`; U_lo is the top `low_bits`
-    bits of the table's next unused word (ceil(n / 2), ceil(n / 2) + 1, ...). Returns how many there are.
-    (Compiled: uint64 arithmetic wraps, as the hash wants.) The pairs' loop has no branch but the rare one, so
-    the hash vectorizes and the gathers overlap."""
-    low32, high, low_shift = np.uint64(_LOW32), np.uint64(32), np.uint64(64 - low_bits)
+def _bucket_lookup(keys, starts, shift, low_bits, table, split_offsets, split_first, split_second, out, mixed,
+                   mixed_u):  # pragma: no cover (compiled)
+    """For each table t (keyed by keys[t], its draws at out[starts[t]:starts[t + 1]], n of them): draw d's U_hi is
+    the low (even d) or high (odd d) half of SplitMix64 word d // 2 of its key (workloads.ids.zipf_stream_words),
+    its bucket U_hi >> shift. A mixed draw (bucket value < 0) takes U_lo, the top `low_bits` bits of the table's
+    next unused word (ceil(n / 2), ceil(n / 2) + 1, ...), as workloads.ids.draw_zipf_grouped does:
+    - a bucket of one rank (value >= 0): out[d] = value;
+    - of two ranks (value -2 - i): the draw's offset in the bucket, (U_hi's bits below the bucket) << low_bits |
+      U_lo, against split_offsets[i]: split_first[i] below it, else split_second[i]; U_lo is computed only when
+      U_hi's bits tie with the split's (its word is still used up);
+    - of more (-1): the position goes to `mixed`, the whole uniform U_hi << low_bits | U_lo to `mixed_u`, for
+      the formula. Returns how many of those there are.
+    (Compiled: uint64 arithmetic wraps, as the hash wants.)"""
+    low32, high, low_shift = np.uint64(_LOW32), np.uint64(32), np.uint64(64) - low_bits
+    below_bucket = (np.uint64(1) << shift) - np.uint64(1)
     total = 0
     for t in range(keys.shape[0]):
         key, start, n = keys[t], starts[t], starts[t + 1] - starts[t]
@@ -48,12 +54,26 @@ def _bucket_lookup(keys, starts, shift, low_bits, table, out, mixed, mixed_u):  
             for half in range(halves):
                 word = (z & low32) if half == 0 else (z >> high)
                 value = table[word >> shift]
-                out[d + half] = value
-                if value < 0:
+                if value >= 0:
+                    out[d + half] = value
+                elif value == -1:
                     mixed[total] = d + half
                     mixed_u[total] = (word << low_bits) | (_splitmix(key, next_word) >> low_shift)
                     next_word += np.uint64(1)
                     total += 1
+                else:
+                    i = -2 - np.int64(value)
+                    split = np.uint64(split_offsets[i])
+                    above = (word & below_bucket) << low_bits
+                    if above + (np.uint64(1) << low_bits) <= split:
+                        out[d + half] = split_first[i]
+                    elif above > split:
+                        out[d + half] = split_second[i]
+                    elif above + (_splitmix(key, next_word) >> low_shift) < split:
+                        out[d + half] = split_first[i]
+                    else:
+                        out[d + half] = split_second[i]
+                    next_word += np.uint64(1)
     return total
 
 

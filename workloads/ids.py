@@ -169,18 +169,39 @@ def zipf_bucket_bits(n_ranks: int) -> int:
 @dataclass(frozen=True)
 class _ZipfBuckets:
     bits: int
-    table: np.ndarray  # [2^bits]: the rank (or id) every u of the bucket maps to, or -1 (mixed bucket)
+    # [2^bits]: the rank (or id) every u of the bucket maps to; -1: a bucket of several ranks (the inverse-CDF
+    # formula decides); -2 - i: a bucket of exactly two ranks, split at split_offsets[i] (below it the first)
+    table: np.ndarray
+    # per two-rank bucket: the offset of its split in units of 2^-53 from the bucket's start, its two values
+    split_offsets: np.ndarray
+    split_first: np.ndarray
+    split_second: np.ndarray
+
+
+def _two_rank_splits(tab: _ZipfTable, starts: np.ndarray, width_bits: int, second: np.ndarray) -> np.ndarray:
+    """For buckets starting at the 53-bit ``starts`` (2^width_bits wide) that hold two ranks, the smallest offset
+    whose u the inverse CDF maps to the ``second`` rank: a bisection on the same function the draws use, so a
+    draw compared against it gets exactly the formula's rank."""
+    low = np.zeros(len(starts), dtype=np.int64)  # maps to the first rank
+    high = np.full(len(starts), (1 << width_bits) - 1, dtype=np.int64)  # maps to the second
+    for _ in range(width_bits):
+        middle = (low + high) // 2
+        to_second = _zipf_ranks_from_u(tab, np.ldexp((starts + middle).astype(np.float64), -_U_BITS)) == second
+        high = np.where(to_second, middle, high)
+        low = np.where(to_second, low, middle)
+    return high
 
 
 @lru_cache(maxsize=256)
 def _zipf_buckets(alpha: float, n_ranks: int, as_ids: bool) -> _ZipfBuckets:
-    """Per-(alpha, n_ranks) bucket table of the fast path: int32 (<= 1 MiB) when ids fit, else int64.
+    """Per-(alpha, n_ranks) bucket table of the fast path: int16 / int32 when ids fit (<= 1 MiB), else int64.
 
     Bucket ``j`` holds the u in ``[j, j + 1) / 2^B``; it is *pure* when the inverse CDF maps its first
     and its last 53-bit u to the same rank (the inverse CDF is monotone, so every u between does too),
-    and the table then holds that rank (``as_ids``: its id, `zipf_rank_to_id`), else -1.
-    Built in 2^(B+1) vectorized evaluations (~10 ms); at most 256 tables are kept (<= 1 MiB each, int64
-    only past 2^31 ranks: 16 bits, 512 KiB).
+    and the table then holds that rank (``as_ids``: its id, `zipf_rank_to_id`). A bucket whose last rank is
+    the first's next holds two, and the compiled loop (workloads.id_kernels) splits it at the exact offset
+    where the formula switches; others are -1. Built in 2^(B+1) vectorized evaluations and a bisection
+    (~20 ms); at most 256 tables are kept.
     """
     tab = _zipf_table(alpha, n_ranks)
     bits = zipf_bucket_bits(n_ranks)
@@ -188,14 +209,20 @@ def _zipf_buckets(alpha: float, n_ranks: int, as_ids: bool) -> _ZipfBuckets:
     shift = _U_BITS - bits
     first = _zipf_ranks_from_u(tab, np.ldexp((j << shift).astype(np.float64), -_U_BITS))
     last = _zipf_ranks_from_u(tab, np.ldexp((((j + 1) << shift) - 1).astype(np.float64), -_U_BITS))
-    values = zipf_rank_to_id(first, n_ranks) if as_ids else first
-    table = np.where(first == last, values, -1)
+    to_value = (lambda r: zipf_rank_to_id(r, n_ranks)) if as_ids else (lambda r: r)
+    table = np.where(first == last, to_value(first), -1)
+    two = np.flatnonzero(last == first + 1)
+    table[two] = -2 - np.arange(len(two))
+    splits = _two_rank_splits(tab, two << shift, shift, last[two])
     if n_ranks <= _INT16_MAX:  # the smallest type that holds every id: a smaller table stays in cache
         table = table.astype(np.int16)
     elif n_ranks <= _INT32_MAX:
         table = table.astype(np.int32)
-    table.setflags(write=False)
-    return _ZipfBuckets(bits=bits, table=table)
+    for array in (table, splits):
+        array.setflags(write=False)
+    return _ZipfBuckets(bits=bits, table=table, split_offsets=splits,
+                        split_first=np.ascontiguousarray(to_value(first[two]), dtype=np.int64),
+                        split_second=np.ascontiguousarray(to_value(last[two]), dtype=np.int64))
 
 
 _SCRATCH_MAX = 1 << 22  # ids per call up to which the per-thread scratch buffers are reused
@@ -262,7 +289,8 @@ def draw_zipf_grouped(alpha: float, n_ranks: int, keys: Sequence[int], counts: S
     starts = np.cumsum([0, *counts], dtype=np.int64)
     if bucket_lookup is not None:  # one compiled pass: words made, looked up, mixed draws completed in place
         count = bucket_lookup(np.array(keys, dtype=np.uint64), starts, np.uint64(shift), np.uint64(_LOW_BITS),
-                              buckets.table, out, positions, u)
+                              buckets.table, buckets.split_offsets, buckets.split_first, buckets.split_second,
+                              out, positions, u)
     else:
         count = 0
         for t, key in enumerate(keys):
