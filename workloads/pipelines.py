@@ -28,6 +28,8 @@ class PipelineKind:
     # TrainPipelineBase lets go of the batch it trains once its forward is done (the others keep it to the step's
     # end): its ids and lengths are not live in backward
     drops_trained_batch_after_forward: bool = False
+    # keyword arguments its constructor gets beyond model, optimizer and device
+    options: Tuple[Tuple[str, object], ...] = ()
 
     def held(self, phase: str) -> Tuple[int, int]:
         return self.held_by_phase.get(phase, (0, 0))
@@ -62,7 +64,10 @@ PIPELINES: Dict[str, PipelineKind] = {kind.name: kind for kind in (
                  "as sparse_dist, with the next batch's embedding lookup on its own stream", _SPARSE_DIST),
     PipelineKind("semi_sync", "TrainPipelineSemiSync", _RECORD_STREAM,
                  "as sparse_dist, and the next batch's embedding forward (its lookups, a step early; not "
-                 "modelled)", _SPARSE_DIST),
+                 "modelled)", _SPARSE_DIST,
+                 # semi-synchronous from the first batch (torchrec's default waits 900 batches: a run would measure
+                 # plain sparse_dist steps)
+                 options=(("start_batch", 0),)),
 )}
 
 

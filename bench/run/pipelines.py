@@ -54,6 +54,10 @@ class PhasedOptimizer:
     def __init__(self, optimizer, category: str, on_step: Callable[[], None], recorder: MemoryRecorder):
         self.optimizer, self.category, self.on_step, self.recorder = optimizer, category, on_step, recorder
 
+    @property
+    def param_groups(self):  # read by TrainPipelineSemiSync
+        return self.optimizer.param_groups
+
     def zero_grad(self, *args, **kwargs) -> None:
         self.optimizer.zero_grad(*args, **kwargs)
 
@@ -96,7 +100,8 @@ class PipelinedTraining:
         category, dense_optimizer = self.backend.optimizers[0]
         optimizer = PhasedOptimizer(dense_optimizer, category, lambda: self.cursor.enter(self.step, "optimizer"),
                                     self.recorder)
-        pipeline = cls(model=self.backend.model, optimizer=optimizer, device=self.backend.device)
+        pipeline = cls(model=self.backend.model, optimizer=optimizer, device=self.backend.device,
+                       **dict(self.kind.options))
         for name in ("start_sparse_data_dist", "wait_sparse_data_dist"):
             if hasattr(pipeline, name):
                 setattr(pipeline, name, self._dist_in_flight(getattr(pipeline, name)))
