@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import random
 
 from bench.apps.prediction_check import ValidationRow, backend_summary, meets_target
 from bench.harness.random_workloads import is_runnable, random_workloads
@@ -130,3 +131,21 @@ def test_calibrate_refuses_bad_validation_arguments_in_one_line(tmp_path, capsys
     assert errors[0].startswith("membench calibrate: --validate 0: give the number of workloads")
     assert errors[1].startswith(f"membench calibrate: --record-interval {tmp_path}: no validation.json there")
 
+
+
+def test_random_torchrec_workloads_draw_a_cpu_pipeline_without_moving_the_rest():
+    from bench.harness.random_workloads import CPU_PIPELINES, draw_overrides
+
+    drawn = random_workloads(8, seed=11)
+    rng = random.Random(11)
+    for index, overrides in enumerate(drawn):
+        pipelines = [o.split("=", 1)[1] for o in overrides if o.startswith("pipeline=")]
+        backend = "torchrec" if index % 2 == 0 else "native"
+        assert pipelines in ([[p] for p in CPU_PIPELINES] if backend == "torchrec" else [[]])
+        # the rest is what the workload generator drew before pipelines were an axis (its own stream)
+        while True:
+            candidate = draw_overrides(rng, backend)
+            if is_runnable(candidate):
+                break
+        assert [o for o in overrides if not o.startswith("pipeline=")] == candidate
+    assert len({o for w in drawn for o in w if o.startswith("pipeline=")}) >= 2

@@ -39,6 +39,7 @@ class ValidationRow:
     error_pct: Optional[float]  # membench's prediction, positive = over-estimate; None = no prediction
     torchrec_error_pct: Optional[float]
     interval: Optional[List[int]] = None  # [low, high] given beside the prediction, when the calibration has one
+    pipeline: str = "plain"  # the train pipeline it ran through (pipeline=)
 
     @property
     def in_interval(self) -> Optional[bool]:
@@ -59,7 +60,8 @@ def rows_for_run(index: int, overrides: List[str], summary) -> List[ValidationRo
         return values[rank] if rank < len(values) else None
 
     return [ValidationRow(index, _value(overrides, "model"), _value(overrides, "sharding"), r.rank, r.peak_bytes,
-                          at(predicted, r.rank), at(ours, r.rank), at(theirs, r.rank), at(intervals, r.rank))
+                          at(predicted, r.rank), at(ours, r.rank), at(theirs, r.rank), at(intervals, r.rank),
+                          _value(overrides, "pipeline") or "plain")
             for r in summary.per_rank if r.status == "ok"]
 
 
@@ -100,12 +102,13 @@ def _pct(value: Optional[float]) -> str:
 
 def print_validation(rows: List[ValidationRow], summary: Dict[str, Dict[str, object]], console) -> None:
     table = Table(title="prediction on random workloads (none calibrated on)", title_justify="left")
-    for column in ("#", "backend", "sharding", "rank", "measured MiB", "membench MiB", "error %", "torchrec error %"):
-        table.add_column(column, justify="right" if column not in ("backend", "sharding") else "left")
+    for column in ("#", "backend", "sharding", "pipeline", "rank", "measured MiB", "membench MiB", "error %",
+                   "torchrec error %"):
+        table.add_column(column, justify="right" if column not in ("backend", "sharding", "pipeline") else "left")
     for row in rows:
         predicted = "-" if row.predicted_bytes is None else f"{row.predicted_bytes / MIB:.2f}"
-        table.add_row(str(row.workload), row.backend, row.sharding, str(row.rank), f"{row.measured_bytes / MIB:.2f}",
-                      predicted, _pct(row.error_pct), _pct(row.torchrec_error_pct))
+        table.add_row(str(row.workload), row.backend, row.sharding, row.pipeline, str(row.rank),
+                      f"{row.measured_bytes / MIB:.2f}", predicted, _pct(row.error_pct), _pct(row.torchrec_error_pct))
     console.print(table)
     for backend, stats in summary.items():
         theirs = ("" if stats["torchrec_median_abs_error_pct"] is None else

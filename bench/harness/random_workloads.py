@@ -5,8 +5,10 @@ from a seed (the same seed, the same workloads), never from a suite, so nothing 
 calibrated on is what it is judged on. The space (what issue "Predictions that hold on workloads no one
 calibrated on" measured): 2 to 12 tables, dims 16-128, rows 500-150k (fixed or log-uniform), batch
 64-1536 per rank, every CPU sharding type, dlrm and dlrm_dcn, every embedding and dense optimizer, every
-pooling and id distribution, both backends (alternately, so each gets half). A draw that the run's own
-validation refuses (e.g. fused Adam on a sharded CPU table) is drawn again.
+pooling and id distribution, both backends (alternately, so each gets half), and on torchrec every train
+pipeline that runs on CPU (drawn from a generator of its own, so a seed's workloads are the ones it drew before
+pipelines were an axis, plus their pipeline). A draw that the run's own validation refuses (e.g. fused Adam on a
+sharded CPU table) is drawn again.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ EMBEDDING_OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 POOLINGS = ("fixed", "uniform", "poisson", "pareto")
 BACKENDS = ("torchrec", "native")
+CPU_PIPELINES = ("plain", "base", "sparse_dist", "sparse_dist_lite")
 MAX_DRAWS = 200
 
 
@@ -78,6 +81,8 @@ def random_workloads(count: int, seed: int) -> List[List[str]]:
         for _ in range(MAX_DRAWS):
             overrides = draw_overrides(rng, backend)
             if is_runnable(overrides):
+                if backend == "torchrec":  # pipelines drive a DistributedModelParallel
+                    overrides.append(f"pipeline={random.Random(f'pipeline:{seed}:{index}').choice(CPU_PIPELINES)}")
                 drawn.append(overrides)
                 break
         else:

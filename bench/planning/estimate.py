@@ -46,6 +46,8 @@ def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int)
                 share.weight_bytes += table.physical_bytes
                 share.grad_bytes += table.physical_bytes
                 share.replicated_dims += table.embedding_dim
+                share.replicated_pooling += table.pooling_mean
+                share.replicated_features += 1
                 share.replicated_tables.append((table.physical_rows, table.embedding_dim))
                 share.optimizer_bytes += optimizer_state_bytes(cfg.dense_optimizer, table.physical_rows,
                                                                table.embedding_dim)
@@ -246,15 +248,21 @@ class DryRunModel:
         return self._ids() + [self._empty(cfg.batch_size * cfg.num_dense_features), self._empty(cfg.batch_size)]
 
     def _distributed_kjt(self, share: Optional[RankShare], world_size: int) -> list:
-        """A batch's input all-to-all: the send copy of this rank's ids and lengths (grouped by destination), what
-        it receives for the shards it looks up, and the splits (lengths and values per peer)."""
+        """A batch's input all-to-all: the send copy of this rank's ids and lengths of the sharded tables (grouped
+        by destination), what it receives for the shards it looks up, and the splits (lengths and values per
+        peer); nothing when every table is data-parallel (no all-to-all)."""
         import torch
 
-        batch, received = self.spec.config.batch_size, []
-        if share is not None:
-            received = [self._empty(batch * world_size * share.sent_pooling, torch.int64),
-                        self._empty(batch * world_size * share.sent_features, torch.int32)]
-        return self._ids() + received + [self._empty(2 * world_size, torch.int64)]
+        batch = self.spec.config.batch_size
+        share = share or RankShare()
+        sent_pooling = sum(t.pooling_mean for t in self.spec.tables) - share.replicated_pooling
+        sent_features = len(self.spec.tables) - share.replicated_features
+        if sent_features <= 0:
+            return []
+        return [self._empty(batch * sent_pooling, torch.int64), self._empty(batch * sent_features, torch.int32),
+                self._empty(batch * world_size * share.sent_pooling, torch.int64),
+                self._empty(batch * world_size * share.sent_features, torch.int32),
+                self._empty(2 * world_size, torch.int64)]
 
     def _hold_in_flight(self, tracker, phase: str, share: Optional[RankShare], world_size: int) -> None:
         """Hold as many batches and distributed KJTs beyond the trained one as the pipeline does in `phase` (the
@@ -332,7 +340,8 @@ def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[
     predictions = []
     for rank, share in enumerate(shares):
         features = features_for_rank(spec, share, world_size)
-        key = (share.sent_dims, round(share.sent_pooling, 3), share.sent_features)
+        key = (share.sent_dims, round(share.sent_pooling, 3), share.sent_features, round(share.replicated_pooling, 3),
+               share.replicated_features)
         if key not in runs:
             runs[key] = model.run(share, world_size, record_allocations=allocator_settings is not None)
         run = runs[key]

@@ -165,6 +165,9 @@ class RankShare:
     sent_pooling: float = 0.0  # sum of mean pooling factors of the tables it looks up
     sent_features: int = 0  # (column) shards it looks up: one lengths entry per sample each in its received KJT
     replicated_dims: int = 0  # sum of embedding dims of the data-parallel tables (looked up for the local batch)
+    # their mean pooling factors and count: their ids stay on the rank (no input all-to-all)
+    replicated_pooling: float = 0.0
+    replicated_features: int = 0
     # (rows, dim) of each data-parallel table: the dense optimizer steps them, with a full-table temporary
     replicated_tables: List[tuple] = field(default_factory=list)
 
