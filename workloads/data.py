@@ -113,18 +113,9 @@ def batch_rng(seed: int, rank: int, step: int, stream: int) -> np.random.Generat
     return np.random.Generator(bitgen)
 
 
-def _pooling_of(table, cfg) -> PoolingConfig:
-    """The table's pooling law (`TableSpec.pooling`), or the workload's for a spec without one."""
-    return getattr(table, "pooling", None) or cfg.pooling
-
-
-def _ids_of(table, cfg):
-    """The table's id law (`TableSpec.ids`), or the workload's for a spec without one."""
-    return getattr(table, "ids", None) or cfg.ids
-
-
-def _zipf_key(table, cfg) -> Tuple[float, int]:
-    return float(_ids_of(table, cfg).zipf_alpha), int(table.virtual_rows)
+def _zipf_law(table) -> Tuple[float, int]:
+    """What tables drawn in one Zipf pass share: the exponent and the id space."""
+    return float(table.ids.zipf_alpha), int(table.virtual_rows)
 
 
 def _draw_other_ids(rng: np.random.Generator, ids_cfg, virtual_rows: int, n: int) -> np.ndarray:
@@ -170,7 +161,6 @@ class SyntheticBatches:
                 zipf_multiplier(int(t.virtual_rows))
 
     def batch(self, step: int) -> Batch:
-        cfg = self.spec.config
         n = self.batch_size
         bitgen = _batch_bitgen(self.seed, self.rank, step)
         start = bitgen.state
@@ -188,10 +178,10 @@ class SyntheticBatches:
         for i, t in enumerate(tables):
             bitgen.state = start  # stream 1 + i: rewind, then jump to its window
             bitgen.advance((1 + i) * STREAM_STRIDE)
-            lens = draw_pooling(rng, _pooling_of(t, cfg), t.pooling_mean, n)
+            lens = draw_pooling(rng, t.pooling, t.pooling_mean, n)
             lengths.append(lens)
             counts.append(int(lens.sum()))
-            ids_cfg = _ids_of(t, cfg)
+            ids_cfg = t.ids
             if ids_cfg.distribution == "zipf":
                 keys.append(zipf_key(rng))
                 others.append(None)
@@ -207,8 +197,8 @@ class SyntheticBatches:
             if keys[i] is None:
                 values_np[offsets[i] : offsets[k]] = others[i]
             else:
-                law = _zipf_key(tables[i], cfg)
-                while k < len(tables) and keys[k] is not None and _zipf_key(tables[k], cfg) == law:
+                law = _zipf_law(tables[i])
+                while k < len(tables) and keys[k] is not None and _zipf_law(tables[k]) == law:
                     k += 1
                 draw_zipf_grouped(law[0], law[1], keys[i:k], counts[i:k], values_np[offsets[i] : offsets[k]])
             for j in range(i, k):  # virtual -> physical rows (the identity when materialized in full)

@@ -21,7 +21,7 @@ small enough never to overflow (`_mulmod`), and splitmix64 runs on int64 with wr
 from __future__ import annotations
 
 import math
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, Sequence
 
 import torch
 
@@ -148,14 +148,6 @@ def rank_to_id_t(ranks: torch.Tensor, n: int) -> torch.Tensor:
     return ids if m == 1 else _mulmod(ids, m, int(n))
 
 
-def _pooling_law(table, cfg):
-    return getattr(table, "pooling", None) or cfg.pooling
-
-
-def _ids_law(table, cfg):
-    return getattr(table, "ids", None) or cfg.ids
-
-
 class DeviceSyntheticBatches:
     """Batches drawn on ``device`` (torch ops only): ``batch(step)`` depends only on (config.seed, rank, step).
 
@@ -177,7 +169,7 @@ class DeviceSyntheticBatches:
         self._generator = torch.Generator(device=self.device)
         self._head_cdf = {}
         for t in spec.tables:
-            pool = _pooling_law(t, cfg)
+            pool = t.pooling
             if pool.distribution not in POOLING:
                 raise ValueError(f"workload.pooling.distribution={pool.distribution!r} is not supported by the "
                                  f"device generator (supported: {' | '.join(POOLING)})")
@@ -185,7 +177,7 @@ class DeviceSyntheticBatches:
                 raise ValueError(f"pooling needs 0 <= min <= max, got min={pool.min}, max={pool.max}")
             if pool.distribution == "pareto" and not float(pool.pareto_alpha) > 1.0:
                 raise ValueError(f"pareto pooling needs pareto_alpha > 1, got {pool.pareto_alpha}")
-            ids = _ids_law(t, cfg)
+            ids = t.ids
             if ids.distribution not in IDS:
                 raise ValueError(f"workload.ids.distribution={ids.distribution!r} is not supported by the device "
                                  f"generator (supported: {' | '.join(IDS)})")
@@ -207,16 +199,16 @@ class DeviceSyntheticBatches:
                 self._runs.append([i])
 
     def _run_key(self, t):
-        ids = _ids_law(t, self.spec.config)
+        ids = t.ids
         alpha = float(ids.zipf_alpha) if ids.distribution == "zipf" else None
         return ids.distribution, alpha, int(t.virtual_rows), int(t.physical_rows)
 
     def _lengths(self, g: torch.Generator) -> torch.Tensor:
         """int64 [num_tables, batch_size] pooling factors."""
-        n, cfg, dev = self.batch_size, self.spec.config, self.device
+        n, dev = self.batch_size, self.device
         rows = []
         for t in self.spec.tables:
-            pool = _pooling_law(t, cfg)
+            pool = t.pooling
             mean = float(t.pooling_mean)
             if mean < 0:
                 raise ValueError(f"pooling mean must be >= 0, got {mean}")
@@ -240,7 +232,7 @@ class DeviceSyntheticBatches:
 
     def _ids(self, g: torch.Generator, run: Sequence[int], count: int) -> torch.Tensor:
         t = self.spec.tables[run[0]]
-        ids_law = _ids_law(t, self.spec.config)
+        ids_law = t.ids
         n_rows = int(t.virtual_rows)
         if ids_law.distribution == "uniform":
             vids = torch.randint(0, n_rows, (count,), generator=g, device=self.device, dtype=torch.int64)
@@ -257,8 +249,7 @@ class DeviceSyntheticBatches:
         dense = torch.randn((n, self.num_dense_features), generator=g, device=dev, dtype=torch.float32)
         labels = (torch.rand((n,), generator=g, device=dev) < 0.5).to(torch.float32)
         lengths = self._lengths(g)
-        cfg = self.spec.config
-        if all(_pooling_law(t, cfg).distribution == "fixed" for t in self.spec.tables):
+        if all(t.pooling.distribution == "fixed" for t in self.spec.tables):
             per_table = [n * int(math.floor(float(t.pooling_mean) + 0.5)) for t in self.spec.tables]
         else:
             per_table = lengths.sum(dim=1).tolist()  # the one device -> host sync
@@ -278,23 +269,3 @@ class DeviceSyntheticBatches:
         while True:
             yield self.batch(step)
             step += 1
-
-
-def samples_per_second(gen: DeviceSyntheticBatches, batches: int = 10, warmup: int = 2,
-                       sync: Optional[callable] = None) -> float:
-    """Median samples/s of ``gen.batch`` over ``batches`` batches after ``warmup`` (``sync`` waits for the
-    device, e.g. ``torch.cuda.synchronize``, before each clock read)."""
-    import statistics
-    import time
-
-    sync = sync or (lambda: None)
-    for s in range(warmup):
-        gen.batch(10_000 + s)
-    sync()
-    times = []
-    for s in range(batches):
-        t0 = time.perf_counter()
-        gen.batch(s)
-        sync()
-        times.append(time.perf_counter() - t0)
-    return gen.batch_size / statistics.median(times)

@@ -10,14 +10,12 @@ TARGET_SAMPLES_PER_S = 2_000_000
 
 
 def device_generator_rate(device: torch.device, batches: int = 20) -> float:
-    from bench.perf.batch_rate import shapes
-    from workloads.device_data import DeviceSyntheticBatches, samples_per_second
+    """The benchmark's measurement (bench.perf.batch_rate) at its MLPerf shape."""
+    from bench.perf import batch_rate
     from workloads.spec import build_spec
 
-    spec = build_spec(shapes(quick=False)[1])  # mlperf_dcnv2_like at batch 4096
-    gen = DeviceSyntheticBatches(spec, rank=0, world_size=1, device=device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
-    return samples_per_second(gen, batches=batches, warmup=3, sync=sync)
+    spec = build_spec(batch_rate.shapes(quick=False)[1])  # mlperf_dcnv2_like at batch 4096
+    return batch_rate.device_generator_rate(spec, device, batches, warmup=3)
 
 
 def data_rate_probe(device: torch.device, log: CheckLog) -> None:

@@ -29,8 +29,9 @@ import logging
 from pathlib import Path
 import statistics
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Callable, Dict, List
+from typing import Callable, Dict, Iterator, List
 
 import torch
 
@@ -61,6 +62,17 @@ def shapes(quick: bool) -> List[WorkloadConfig]:
         dcn_low_rank_dim=512,
     )
     return [tiny, mlperf]
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch on one intra-op thread while the block runs (a generator measured on one core)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def median_seconds(fn: Callable[[int], object], n: int, warmup: int = 1) -> float:
@@ -105,9 +117,7 @@ def generator_rates(spec: WorkloadSpec, batches: int) -> Dict[str, float]:
     the ratios are side by side. Median over `batches` after one warm-up each."""
     streams = {"zipf": _our_stream(spec, "zipf"), "uniform": _our_stream(spec, "uniform"),
                "randomrec": _random_rec_stream(spec)}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         for make in streams.values():
             make(-1)
         times: Dict[str, List[float]] = {name: [] for name in streams}
@@ -116,25 +126,24 @@ def generator_rates(spec: WorkloadSpec, batches: int) -> Dict[str, float]:
                 t0 = time.perf_counter()
                 make(i)
                 times[name].append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
     return {name: spec.config.batch_size / statistics.median(values) for name, values in times.items()}
 
 
-def device_generator_rate(spec: WorkloadSpec, device: str, batches: int) -> float:
-    from workloads.device_data import DeviceSyntheticBatches, samples_per_second
+def device_generator_rate(spec: WorkloadSpec, device, batches: int, warmup: int = 1) -> float:
+    """Samples/s of workloads.device_data's generator on `device` (a GPU's batches are waited for; on CPU one
+    core, like the other generators)."""
+    from workloads.device_data import DeviceSyntheticBatches
 
     dev = torch.device(device)
     gen = DeviceSyntheticBatches(spec, rank=0, world_size=1, device=dev)
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
-    if dev.type == "cpu":  # one core, like the other generators
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return samples_per_second(gen, batches=batches, warmup=1)
-        finally:
-            torch.set_num_threads(threads)
-    return samples_per_second(gen, batches=batches, warmup=1, sync=sync)
+
+    def draw(i: int) -> None:
+        gen.batch(abs(i))
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    with one_torch_thread() if dev.type == "cpu" else nullcontext():
+        return spec.config.batch_size / median_seconds(draw, batches, warmup)
 
 
 def to_kjt(batch: Batch):
