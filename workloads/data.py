@@ -23,6 +23,7 @@ import torch
 from workloads.config import PoolingConfig
 from workloads.ids import draw_virtual_ids, draw_zipf_grouped, to_physical, zipf_key, zipf_multiplier
 from workloads.spec import WorkloadSpec
+from workloads.rules import HISTOGRAM
 from workloads.tables_file import draw_histogram_ids
 
 
@@ -121,7 +122,7 @@ def _zipf_law(table) -> Tuple[float, int]:
 def _draw_other_ids(rng: np.random.Generator, ids_cfg, virtual_rows: int, n: int) -> np.ndarray:
     """Ids of a table whose law is not Zipf: uniform (`draw_virtual_ids`) or a histogram
     (workloads.tables_file)."""
-    if ids_cfg.distribution == "histogram":
+    if ids_cfg.distribution == HISTOGRAM:
         return draw_histogram_ids(rng, ids_cfg, virtual_rows, n)
     return draw_virtual_ids(rng, ids_cfg, virtual_rows, n)
 
@@ -157,7 +158,7 @@ class SyntheticBatches:
         self.num_dense_features = int(cfg.num_dense_features)
         self.keys: List[str] = [t.feature_name for t in spec.tables]
         for t in spec.tables:  # fail on a bad config now rather than at the first batch
-            if t.ids.distribution in ("zipf", "histogram"):
+            if t.ids.distribution in ("zipf", HISTOGRAM):
                 zipf_multiplier(int(t.virtual_rows))
 
     def batch(self, step: int) -> Batch:

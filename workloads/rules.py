@@ -13,6 +13,8 @@ DATA_TYPES = ("fp32", "fp16")
 POOLING_DISTRIBUTIONS = ("fixed", "uniform", "poisson", "pareto")
 ID_DISTRIBUTIONS = ("uniform", "zipf")
 GENERATORS = ("auto", "host", "device")
+# the id law only a tables file can give (bucket weights over popularity ranks), drawn by the host generator only
+HISTOGRAM = "histogram"
 ARCHS = ("dlrm", "dlrm_dcn")
 SHARDING_TYPES_CPU = ("data_parallel", "table_wise", "column_wise", "table_column_wise")
 SHARDING_TYPES_CUDA_ONLY = ("row_wise", "table_row_wise", "grid_shard")

@@ -59,14 +59,13 @@ import numpy as np
 
 from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
 from workloads.ids import zipf_rank_to_id
-from workloads.rules import FBGEMM_DIM_ALIGNMENT, ID_DISTRIBUTIONS, POOLING_DISTRIBUTIONS, ConfigError
+from workloads.rules import FBGEMM_DIM_ALIGNMENT, HISTOGRAM, ID_DISTRIBUTIONS, POOLING_DISTRIBUTIONS, ConfigError
 
 FIELD = "workload.tables_file"
 TABLES_DIR = Path(__file__).resolve().parent.parent / "conf" / "tables"
 COLUMNS = ("name", "rows", "dim", "pooling_mean", "pooling_distribution", "pooling_min", "pooling_max",
            "pareto_alpha", "id_distribution", "zipf_alpha", "id_histogram")
 REQUIRED = ("name", "rows")
-HISTOGRAM = "histogram"
 FILE_ID_DISTRIBUTIONS = (*ID_DISTRIBUTIONS, HISTOGRAM)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 _WEIGHT_SEPARATORS = re.compile(r"[\s;,]+")
@@ -467,6 +466,11 @@ def _histogram_buckets(weights: Tuple[float, ...], virtual_rows: int) -> Tuple[n
     cdf /= cdf[-1]
     bounds = np.array([j * virtual_rows // k for j in range(k + 1)], dtype=np.int64)
     return cdf, bounds[:-1], np.diff(bounds)
+
+
+def has_id_histograms(tables) -> bool:
+    """Does any of these tables (TableSpec or FileTable) draw its ids from a histogram (host generator only)?"""
+    return any(t.ids.distribution == HISTOGRAM for t in tables)
 
 
 def draw_histogram_ids(rng: np.random.Generator, ids_cfg: HistogramIdsConfig, virtual_rows: int,

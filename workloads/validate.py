@@ -104,9 +104,9 @@ def _validate_inputs(cfg: WorkloadConfig, p: str) -> None:
     _positive(f"{p}.num_dense_features", cfg.num_dense_features, "need at least one dense feature")
     _one_of(f"{p}.generator", cfg.generator, GENERATORS)
     if cfg.generator == "device" and cfg.tables_file:
-        from workloads.tables_file import load_tables
+        from workloads.tables_file import has_id_histograms, load_tables
 
-        if any(t.ids.distribution == "histogram" for t in load_tables(cfg)):
+        if has_id_histograms(load_tables(cfg)):
             raise ConfigError(f"{p}.generator", cfg.generator, "the device generator draws uniform and Zipf ids; "
                                                                "tables with an id histogram need generator=host")
     if cfg.tables_file:  # each table's pooling and id law are checked where its line is read

@@ -20,14 +20,13 @@ from typing import Dict, List, Optional, Sequence
 
 from bench.accounting.caching_allocator.replay import AllocationStream, replay
 from bench.planning.types import RankPrediction, RankShare
-from bench.results.schema import has_cuda_allocator
+from bench.results.schema import IN_FLIGHT, has_cuda_allocator
 from workloads.pipelines import PLAIN, PipelineKind, pipeline_kind
 from workloads.spec import WorkloadSpec
 from workloads.storage import optimizer_state_bytes
 from workloads.units import UNBOUNDED_BYTES
 
 # what the dry run holds of data-parallel tables, counted in the plan's share instead
-IN_FLIGHT = "inputs_in_flight"  # bench.results.schema.CATEGORIES
 REPLICATED_CATEGORIES = ("embedding_weights", "embedding_grads", "embedding_optimizer")
 FEATURES = ("const", "pooled_received", "pooled_sent", "ids_input", "ids_received", "data_parallel_tables")
 
@@ -153,10 +152,15 @@ class DryRunModel:
         lookups and the all-to-all buffers of forward and backward, with the lifetimes torchrec gives them
         (a collective's buffers go when the training thread drops them, as the CPU recorder counts them)."""
         allocations = AllocationStream() if record_allocations else None
-        at_peak = {IN_FLIGHT: 0}  # the pipeline's batches at the peak (none while the tracker is built)
-        tracker = self._tracker(allocations, on_new_peak=lambda: at_peak.update(
-            {IN_FLIGHT: at_peak["tracker"].by_category.get(IN_FLIGHT, 0)} if "tracker" in at_peak else {}))
-        at_peak["tracker"] = tracker
+        in_flight_at_peak = 0  # the pipeline's batches at the peak
+
+        def on_new_peak() -> None:
+            nonlocal in_flight_at_peak
+            if tracker is not None:  # (the tracker being built counts the static tensors: nothing in flight)
+                in_flight_at_peak = tracker.by_category.get(IN_FLIGHT, 0)
+
+        tracker = None
+        tracker = self._tracker(allocations, on_new_peak)
         replicated = self._replicated_optimizer(tracker, share)
         with tracker:
             for _ in range(steps):
@@ -168,7 +172,7 @@ class DryRunModel:
         return DenseDryRun(params_bytes=tracker.by_category.get("dense_params", 0),
                            optimizer_bytes=tracker.by_category.get("dense_optimizer", 0),
                            peak_bytes=tracker.peak_bytes - replicated_bytes, allocations=allocations,
-                           grads_bytes=tracker.by_category.get("dense_grads", 0), in_flight_bytes=at_peak[IN_FLIGHT])
+                           grads_bytes=tracker.by_category.get("dense_grads", 0), in_flight_bytes=in_flight_at_peak)
 
     def _replicated_optimizer(self, tracker, share: Optional[RankShare]):
         """The data-parallel tables as meta parameters with persistent gradients (DDP's buckets) and the dense
@@ -356,7 +360,7 @@ def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[
             "dense_grads": run.grads_bytes,  # DDP keeps persistent fp32 gradient buckets
             "dense_optimizer": run.optimizer_bytes,
             "activations": int(round(activations + residual)),
-            "inputs_in_flight": run.in_flight_bytes,
+            IN_FLIGHT: run.in_flight_bytes,
         }
         if run.allocations is not None:
             tables = (share.weight_bytes, share.optimizer_bytes, share.grad_bytes)

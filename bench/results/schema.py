@@ -61,6 +61,7 @@ def has_cuda_allocator(device_type: str) -> bool:
 
 
 # Breakdown categories; at a rank's peak they add up to its `peak_bytes`.
+IN_FLIGHT = "inputs_in_flight"  # batches a train pipeline holds beyond the one being trained (pipeline=)
 CATEGORIES = (
     "embedding_weights",
     "embedding_optimizer",
@@ -71,8 +72,7 @@ CATEGORIES = (
     "dense_optimizer",
     "activations",
     "comm_buffers",
-    # batches a train pipeline holds beyond the one being trained, with their distributed KJTs (pipeline=)
-    "inputs_in_flight",
+    IN_FLIGHT,  # with their distributed KJTs
     "allocator_overhead",
     "non_torch",
     "other",

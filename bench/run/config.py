@@ -107,7 +107,7 @@ class ModelConfig:
 @dataclass
 class PipelineConfig:
     # plain (membench's loop) | base | sparse_dist | sparse_dist_lite | fused_sparse_dist | semi_sync (torchrec's
-    # train pipelines; the last two need CUDA). What each holds in flight: bench.run.pipelines.PIPELINES
+    # train pipelines; the last two need CUDA). What each holds in flight: workloads.pipelines.PIPELINES
     name: str = "plain"
 
 

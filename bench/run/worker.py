@@ -28,6 +28,7 @@ from bench.run.launchspec import LaunchSpec, load_run_config, rank_cuda_index
 from workloads.pipelines import pipeline_kind
 from bench.run.pipelines import PipelinedTraining, after_step
 from workloads.data import SyntheticBatches
+from workloads.tables_file import has_id_histograms
 from workloads.spec import build_spec
 
 
@@ -62,7 +63,7 @@ def draws_on_device(generator: str, device_type: str, spec) -> bool:
     """workload.generator: auto draws on the rank's GPU (no host-to-device copy per batch) unless a table has an
     id histogram, which only the host generator draws."""
     if generator == "auto":
-        return device_type == "cuda" and not any(t.ids.distribution == "histogram" for t in spec.tables)
+        return device_type == "cuda" and not has_id_histograms(spec.tables)
     return generator == "device"
 
 

@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Tuple
 from bench.report.loading import Run, measured_ok_runs
 from bench.report.markdown import Section, md_table
 from bench.report.style import OKABE_ITO, Plotter, pick_unit
+from bench.results.schema import IN_FLIGHT
 from workloads.pipelines import PIPELINES
 
 INTRO = ("The batches a train pipeline holds beyond the one it trains (`pipeline=`; breakdown category "
@@ -22,7 +23,6 @@ INTRO = ("The batches a train pipeline holds beyond the one it trains (`pipeline
          "`activations`.")
 # config keys that differ between otherwise identical runs (where they were written, the pipeline itself)
 IGNORED_PREFIXES = ("pipeline.", "results_dir", "run_id", "hydra.")
-IN_FLIGHT = "inputs_in_flight"
 
 
 def pipeline_of(run: Run) -> str:

@@ -14,7 +14,7 @@ import torch
 from bench.run.memory import snapshot as snapshot_api
 from bench.run.memory.cuda_stats import CudaAllocatorStats, read_allocator_stats, reset_peak
 from bench.run.memory.nvml import NvmlSampler, nvml_device_index
-from bench.results.schema import complete_breakdown
+from bench.results.schema import IN_FLIGHT, complete_breakdown
 from bench.run.memory.recorder import MemoryRecorder, PhaseSample, unique_storage_bytes
 
 
@@ -162,8 +162,8 @@ class CudaRecorder(MemoryRecorder):
         allocated, reserved, device_used = self._segment_stats.get(segment, (0, 0, None))
         static = sum(self._static_bytes.values())
         parts = dict(self._static_bytes)
-        parts["inputs_in_flight"] = self._segment_in_flight.get(segment, 0)
-        parts["activations"] = max(0, allocated - static - parts["inputs_in_flight"])
+        parts[IN_FLIGHT] = self._segment_in_flight.get(segment, 0)
+        parts["activations"] = max(0, allocated - static - parts[IN_FLIGHT])
         parts["allocator_overhead"] = reserved - allocated
         if device_used is not None:
             parts["non_torch"] = device_used - reserved

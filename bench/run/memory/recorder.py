@@ -20,7 +20,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
 
-from bench.results.schema import RankResult, complete_breakdown
+from bench.results.schema import IN_FLIGHT, RankResult, complete_breakdown
 
 # What memory that first appears during a phase is charged to, unless ownership says otherwise.
 PHASE_CATEGORY = {
@@ -34,7 +34,6 @@ PHASE_CATEGORY = {
 # A train pipeline's batches in flight (bench.run.pipelines): while batch `step` waits, what is made for it is
 # charged to `inputs_in_flight:<step>:<part>`, folded into `inputs_in_flight` in every breakdown; when its own
 # forward starts it becomes what the plain loop would have made of it (IN_FLIGHT_SETTLES).
-IN_FLIGHT = "inputs_in_flight"
 # part -> its category once the batch is the one being trained. made: what ops made of the batch (as the plain
 # loop's input phase counts it); host: the batch's own tensors, wrapped from numpy without an op, which the plain
 # loop never counts; dist: its input all-to-all, which the plain loop runs in the forward, in torchrec's comm
