@@ -23,7 +23,7 @@ import torch
 from workloads.config import PoolingConfig
 from workloads.ids import draw_virtual_ids, draw_zipf_grouped, to_physical, zipf_key, zipf_multiplier
 from workloads.spec import WorkloadSpec
-from workloads.rules import HISTOGRAM
+from workloads.rules import HISTOGRAM, POOLING_DISTRIBUTIONS
 from workloads.tables_file import draw_histogram_ids
 
 
@@ -57,29 +57,39 @@ def draw_pooling(rng: np.random.Generator, cfg: PoolingConfig, mean: float, n: i
       ``xm = mean * (a - 1) / a`` so that its mean is ``mean``; rounded, then clipped to
       ``[cfg.min, cfg.max]`` (clipping the tail lowers the realised mean slightly for heavy tails).
     """
-    dist = cfg.distribution
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    if mean < 0:
-        raise ValueError(f"pooling mean must be >= 0, got {mean}")
+    check_pooling_law(cfg, mean)
+    dist = cfg.distribution
     if dist == "fixed":
         return np.full(n, int(math.floor(mean + 0.5)), dtype=np.int64)
     lo, hi = int(cfg.min), int(cfg.max)
-    if lo < 0 or hi < lo:
-        raise ValueError(f"pooling needs 0 <= min <= max, got min={lo}, max={hi}")
     if dist == "uniform":
         return rng.integers(lo, hi, size=n, endpoint=True, dtype=np.int64)
     if dist == "poisson":
         return np.clip(rng.poisson(mean, size=n), lo, hi).astype(np.int64, copy=False)
-    if dist == "pareto":
-        a = float(cfg.pareto_alpha)
-        if not a > 1.0:
-            raise ValueError(f"pareto pooling needs pareto_alpha > 1 for a finite mean, got {a}")
-        xm = mean * (a - 1.0) / a
-        # numpy's `pareto` is Lomax (Pareto II); + 1 and * xm give the classical Pareto on [xm, inf)
-        x = (rng.pareto(a, size=n) + 1.0) * xm
-        return np.clip(np.rint(x), lo, hi).astype(np.int64)
-    raise ValueError(f"unknown pooling distribution {dist!r} (fixed | uniform | poisson | pareto)")
+    a = float(cfg.pareto_alpha)  # pareto
+    xm = mean * (a - 1.0) / a
+    # numpy's `pareto` is Lomax (Pareto II); + 1 and * xm give the classical Pareto on [xm, inf)
+    x = (rng.pareto(a, size=n) + 1.0) * xm
+    return np.clip(np.rint(x), lo, hi).astype(np.int64)
+
+
+def check_pooling_law(cfg: PoolingConfig, mean: float) -> None:
+    """ValueError for a pooling law neither generator can draw (workloads.data, workloads.device_data)."""
+    if mean < 0:
+        raise ValueError(f"pooling mean must be >= 0, got {mean}")
+    dist = cfg.distribution
+    if dist not in POOLING_DISTRIBUTIONS:
+        raise ValueError(f"unknown pooling distribution {dist!r} (workload.pooling.distribution: "
+                         f"{' | '.join(POOLING_DISTRIBUTIONS)})")
+    if dist == "fixed":
+        return
+    lo, hi = int(cfg.min), int(cfg.max)
+    if lo < 0 or hi < lo:
+        raise ValueError(f"pooling needs 0 <= min <= max, got min={lo}, max={hi}")
+    if dist == "pareto" and not float(cfg.pareto_alpha) > 1.0:
+        raise ValueError(f"pareto pooling needs pareto_alpha > 1 for a finite mean, got {cfg.pareto_alpha}")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -25,15 +25,14 @@ from typing import Iterator, List, Sequence
 
 import torch
 
-from workloads.data import Batch, check_stream_args
+from workloads.data import Batch, check_pooling_law, check_stream_args
 from workloads.id_kernels import SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2
 from workloads.ids import _ZipfTable, _zipf_table, zipf_multiplier
+from workloads.rules import ID_DISTRIBUTIONS
 from workloads.spec import WorkloadSpec
 
 _MASK64 = (1 << 64) - 1
 _INT64_MAX = 2**63 - 1
-POOLING = ("fixed", "uniform", "poisson", "pareto")
-IDS = ("uniform", "zipf")
 
 
 def _signed(x: int) -> int:
@@ -169,18 +168,11 @@ class DeviceSyntheticBatches:
         self._generator = torch.Generator(device=self.device)
         self._head_cdf = {}
         for t in spec.tables:
-            pool = t.pooling
-            if pool.distribution not in POOLING:
-                raise ValueError(f"workload.pooling.distribution={pool.distribution!r} is not supported by the "
-                                 f"device generator (supported: {' | '.join(POOLING)})")
-            if pool.distribution != "fixed" and not 0 <= int(pool.min) <= int(pool.max):
-                raise ValueError(f"pooling needs 0 <= min <= max, got min={pool.min}, max={pool.max}")
-            if pool.distribution == "pareto" and not float(pool.pareto_alpha) > 1.0:
-                raise ValueError(f"pareto pooling needs pareto_alpha > 1, got {pool.pareto_alpha}")
+            check_pooling_law(t.pooling, t.pooling_mean)
             ids = t.ids
-            if ids.distribution not in IDS:
+            if ids.distribution not in ID_DISTRIBUTIONS:
                 raise ValueError(f"workload.ids.distribution={ids.distribution!r} is not supported by the device "
-                                 f"generator (supported: {' | '.join(IDS)})")
+                                 f"generator (supported: {' | '.join(ID_DISTRIBUTIONS)})")
             if ids.distribution == "zipf":
                 key = (float(ids.zipf_alpha), int(t.virtual_rows))
                 if not key[0] > 0:
@@ -210,8 +202,6 @@ class DeviceSyntheticBatches:
         for t in self.spec.tables:
             pool = t.pooling
             mean = float(t.pooling_mean)
-            if mean < 0:
-                raise ValueError(f"pooling mean must be >= 0, got {mean}")
             dist, lo, hi = pool.distribution, int(pool.min), int(pool.max)
             if dist == "fixed":
                 rows.append(torch.full((n,), int(math.floor(mean + 0.5)), dtype=torch.int64, device=dev))
