@@ -59,12 +59,13 @@ def batch_kjt_bytes(run: Run) -> Optional[int]:
     return int(round(batch * sum(t.pooling_mean for t in spec.tables) * 8 + batch * len(spec.tables) * 4))
 
 
-def busiest(run: Run):
-    return max(run.measured_ranks(), key=lambda r: r.peak_allocated_bytes or r.peak_bytes)
-
-
 def allocated(rank) -> int:
+    """What tensors held at the peak: allocated where a caching allocator counts, else the live-tensor peak."""
     return rank.peak_allocated_bytes or rank.peak_bytes
+
+
+def busiest(run: Run):
+    return max(run.measured_ranks(), key=allocated)
 
 
 def figure_pipelines(plot: Plotter, runs: List[Run]) -> Section:
