@@ -9,16 +9,9 @@ import torch
 
 from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
 from workloads.data import Batch, SyntheticBatches, batch_rng, draw_pooling
-from workloads.ids import (
-    ZIPF_EXACT_HEAD,
-    draw_virtual_ids,
-    draw_zipf_ranks,
-    mulmod,
-    splitmix64,
-    to_physical,
-    zipf_multiplier,
-    zipf_rank_to_id,
-)
+from workloads.hashing import splitmix64
+from workloads.ids import draw_virtual_ids, draw_zipf_ranks, to_physical
+from workloads.zipf_law import ZIPF_EXACT_HEAD, mulmod, zipf_multiplier, zipf_rank_to_id
 from workloads.spec import build_spec
 
 FIELDS = ("dense_features", "lengths", "values", "labels")
@@ -353,7 +346,7 @@ def test_batch_rate_json_rows_have_the_documented_keys():
 
 
 # ----------------------------------------------------------------------------------------------
-# The fast Zipf path (bucket table + exact inversion of mixed buckets)
+# The Zipf sampler (alias table over blocks of ranks, rejection inside the wide ones)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -372,7 +365,8 @@ def zipf_law_pmf(alpha: float, n: int) -> np.ndarray:
     return w / w.sum()
 
 
-@pytest.mark.parametrize("alpha,n", [(1.05, 10_000), (0.8, 3_000), (1.0, 50_000), (2.0, 5_000), (1.2, 300_000)])
+@pytest.mark.parametrize("alpha,n", [(1.05, 10_000), (0.8, 3_000), (1.0, 50_000), (2.0, 5_000), (1.2, 300_000),
+                                     (1.05, 10**7)])
 def test_fast_zipf_matches_the_law_chi_square(alpha, n):
     samples = 3_000_000
     r = draw_zipf_ranks(np.random.default_rng(17), alpha, n, samples)
@@ -398,49 +392,129 @@ def test_fast_zipf_matches_the_law_chi_square(alpha, n):
     assert z < 4, (chi2, dof, z)
 
 
-@pytest.mark.parametrize("alpha,n", [(1.05, 10_000), (1.05, 10**7), (0.5, 10**10), (3.0, 1000), (1.0, 17)])
-def test_fast_zipf_is_the_exact_inverse_cdf_of_a_53_bit_uniform(alpha, n):
-    # replay the documented draws by hand: the key is one word of the generator; U_hi from the halves of the
-    # key's SplitMix64 words 0 .. ceil(m/2) - 1, then one more word per mixed-bucket draw, in draw order
-    from workloads import ids
+def alias_blocks(tab):
+    """Every block's first rank, size and acceptance bound (int64; one-rank blocks: bound 2^32)."""
+    first = np.concatenate([tab.single_ranks, tab.wide[:, 0].astype(np.int64)])
+    size = np.concatenate([np.ones(tab.singles, dtype=np.int64), tab.wide[:, 1].astype(np.int64)])
+    bound = np.concatenate([np.full(tab.singles, 2**32, dtype=np.int64), tab.wide[:, 2].astype(np.int64)])
+    return first, size, bound
 
-    m = 20_001
-    got = draw_zipf_ranks(np.random.default_rng(3), alpha, n, m)
-    key = int(np.random.default_rng(3).bit_generator.random_raw())
+
+def replay_alias_draws(alpha: float, n: int, key: int, m: int) -> np.ndarray:
+    """The documented draws of workloads.zipf_alias, written out in Python integers from its tables."""
+    from workloads.zipf_alias import zipf_alias
+    from workloads.zipf_law import tail_mass_ratio
+
+    tab = zipf_alias(float(alpha), n)
     gamma, mask = 0x9E3779B97F4A7C15, (1 << 64) - 1
 
-    def word(j: int) -> int:  # SplitMix64, written out in Python integers
+    def word(j: int) -> int:  # SplitMix64
         z = (key + (j + 1) * gamma) & mask
         z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
         return z ^ (z >> 31)
 
-    words = [word(j) for j in range((m + 1) // 2)]
-    hi = np.array([(words[d // 2] >> (32 * (d % 2))) & 0xFFFFFFFF for d in range(m)], dtype=np.uint64)
-    tab = ids._zipf_table(float(alpha), n)
-    buckets = ids._zipf_buckets(float(alpha), n, False)
-    mixed = np.flatnonzero(buckets.table[(hi >> np.uint64(32 - buckets.bits)).astype(np.int64)] < 0)
-    low = np.zeros(m, dtype=np.uint64)
-    low[mixed] = [word((m + 1) // 2 + c) >> 43 for c in range(len(mixed))]
-    u = np.ldexp(((hi << np.uint64(21)) | low).astype(np.float64), -53)
-    want = ids._zipf_ranks_from_u(tab, u)
-    # a pure bucket maps all of its u to one rank: the low bits it did not draw do not matter
-    assert np.array_equal(got, want)
+    bits = 64 - int(tab.cell_shift)
+    blocks_first, blocks_size, blocks_bound = (a.tolist() for a in alias_blocks(tab))
+    ranks = []
+    for d in range(m):
+        w = word(d)
+        entry = int(tab.cells[w >> (64 - bits)])
+        block = w >> (64 - bits) if (w & 0xFFFFFFFF) < entry >> 32 else entry & 0xFFFFFFFF
+        first, size = blocks_first[block], blocks_size[block]
+        attempt = 0
+        while True:
+            j = m + 2 * (attempt * m + d)
+            rank = first + (word(j) * size >> 64)
+            accept = word(j + 1) >> 32
+            if block < tab.singles or accept < blocks_bound[block] or \
+                    accept < tail_mass_ratio(float(rank), float(first), 1.0 - alpha, abs(1.0 - alpha) < 1e-9) * 2**32:
+                break
+            attempt += 1
+        ranks.append(rank)
+    return np.array(ranks, dtype=np.int64)
 
 
-def test_zipf_bucket_table_pure_buckets_hold_one_rank():
-    from workloads import ids
+@pytest.mark.parametrize("alpha,n", [(1.05, 10_000), (1.05, 10**7), (0.5, 10**10), (3.0, 1000), (1.0, 17), (2.0, 1)])
+def test_zipf_draws_are_the_documented_alias_draws(alpha, n):
+    # the key is one word of the generator; draw d's words are W(d), then W(m + 2 (a m + d)) and the next for
+    # attempt a in a block of several ranks
+    m = 5_001
+    got = draw_zipf_ranks(np.random.default_rng(3), alpha, n, m)
+    key = int(np.random.default_rng(3).bit_generator.random_raw())
+    assert np.array_equal(got, replay_alias_draws(alpha, n, key, m))
 
-    for alpha, n, least_pure in [(1.05, 10_000, 0.9), (0.9, 10**8, 0.1)]:
-        tab, buckets = ids._zipf_table(alpha, n), ids._zipf_buckets(alpha, n, False)
-        pure = np.flatnonzero(buckets.table >= 0)
-        assert least_pure < len(pure) / len(buckets.table) <= 1
-        rng = np.random.default_rng(0)
-        j = rng.choice(pure, 50_000)
-        u = np.ldexp((j.astype(np.float64) + rng.random(len(j))), -buckets.bits)
-        assert np.array_equal(ids._zipf_ranks_from_u(tab, u), buckets.table[j])
-        ids_table = ids._zipf_buckets(alpha, n, True).table
-        assert np.array_equal(ids_table[pure], zipf_rank_to_id(buckets.table[pure], n))
+
+@pytest.mark.parametrize("alpha,n", [(1.05, 10_000), (1.05, 40_000_000), (0.5, 2**62), (8.0, 10**9), (1.0, 17)])
+def test_alias_table_gives_each_block_its_mass(alpha, n):
+    """Summed over the cells, P(block) is the law's mass of its ranks to within the 2^-32 steps of the
+    thresholds; blocks tile 1..n, one rank each up to SINGLE_RANKS, and a wide block's bound is a lower bound
+    of the acceptance ratio over it."""
+    from workloads.zipf_alias import MAX_BLOCKS, SINGLE_RANKS, zipf_alias
+    from workloads.zipf_law import tail_mass, tail_mass_ratio
+
+    tab = zipf_alias(float(alpha), n)
+    first, size, bound = alias_blocks(tab)
+    assert first[0] == 1 and first[-1] + size[-1] == n + 1 and np.all(first[1:] == first[:-1] + size[:-1])
+    assert len(first) <= MAX_BLOCKS and np.all(size[: min(n, SINGLE_RANKS)] == 1)
+    cells = len(tab.cells)
+    threshold = (tab.cells >> np.uint64(32)).astype(np.float64) / 2**32
+    alias = (tab.cells & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    got = np.zeros(cells)
+    np.add.at(got, np.arange(cells), threshold / cells)
+    np.add.at(got, alias, (1 - threshold) / cells)
+    k = min(n, ZIPF_EXACT_HEAD)
+    mass = [float(r) ** -alpha for r in range(1, k + 1)]
+    mass += [tail_mass(alpha, f - 0.5, f + s - 0.5) for f, s in zip(first[k:].tolist(), size[k:].tolist())]
+    want = np.array(mass) / sum(mass)
+    assert np.all(np.abs(got[: len(first)] - want) <= 2**-32)
+    assert np.all(got[len(first):] == 0)
+    # the documented bound on a wide block's density ratio (edges rounded to ranks: within 0.1 %)
+    worst = (n / SINGLE_RANKS) ** (-alpha / (MAX_BLOCKS - SINGLE_RANKS))
+    for i in np.flatnonzero(size > 1)[:: max(1, int((size > 1).sum()) // 50)].tolist():
+        f, s = int(first[i]), int(size[i])
+        ratios = [tail_mass_ratio(float(x), float(f), 1.0 - alpha, abs(1.0 - alpha) < 1e-9)
+                  for x in (f + s // 3, f + s // 2, f + s - 1)]
+        assert int(bound[i]) <= min(ratios) * 2**32 and min(ratios) > 0.999 * worst
+
+
+def attempts_past_the_bound(alpha: float, n: int, key: int, m: int) -> int:
+    """How many of a table's m draws land in a wide block with attempt 0's acceptance word at or past the block's
+    bound (those take the exact ratio, and some a second attempt)."""
+    from workloads.hashing import splitmix_word, stream_words
+    from workloads.zipf_alias import zipf_alias
+
+    tab = zipf_alias(float(alpha), n)
+    words = stream_words(key, 0, m)
+    cell = words >> tab.cell_shift
+    entry = tab.cells[cell]
+    block = np.where((words & np.uint64(0xFFFFFFFF)) < (entry >> np.uint64(32)), cell, entry & np.uint64(0xFFFFFFFF))
+    wide = np.flatnonzero(block >= tab.singles)
+    accept = splitmix_word(np.uint64(key), np.uint64(m) + np.uint64(2) * wide.astype(np.uint64) + np.uint64(1))
+    bound = tab.wide[block[wide].astype(np.int64) - tab.singles, 2]
+    return int(((accept >> np.uint64(32)) >= bound).sum())
+
+
+@pytest.mark.parametrize("alpha, n", [(1.05, 10_000), (1.2, 40_000_000), (0.9, 3_000), (0.5, 2**62)])
+def test_compiled_sampler_gives_numpys_ids_bit_for_bit(alpha, n):
+    """workloads.alias_kernel's compiled loop (used for large batches) and the numpy passes agree exactly, on one
+    table and on a group of three (chunk edges included), for ids and ranks; with 2^62 ranks, draws past a wide
+    block's bound (the exact ratio, more attempts) are among them."""
+    from workloads.ids import compiled_alias_draw, draw_zipf_grouped
+
+    assert compiled_alias_draw() is not None  # numba is a dependency: the fast path is the one measured
+    for sizes in ([150_003], [2_048, 1, 40_001]):
+        keys = [int(k) for k in np.random.default_rng(7).integers(0, 2**63, len(sizes))]
+        for as_ids in (True, False):
+            results = []
+            for compiled in (True, False):
+                out = np.empty(sum(sizes), dtype=np.int64)
+                draw_zipf_grouped(alpha, n, keys, sizes, out, as_ids=as_ids, compiled=compiled)
+                results.append(out)
+            assert np.array_equal(results[0], results[1])
+            assert results[0].min() >= (0 if as_ids else 1) and results[0].max() < n + (0 if as_ids else 1)
+    if n == 2**62:
+        assert attempts_past_the_bound(alpha, n, keys[2], sizes[2]) > 3
 
 
 def test_batch_ids_equal_draw_virtual_ids_on_each_tables_stream():
@@ -466,38 +540,3 @@ def test_draw_virtual_ids_into_out_and_empty():
     assert draw_virtual_ids(rng, IdsConfig(), 10_000, 0).shape == (0,)
     with pytest.raises(ValueError, match="int64"):
         draw_virtual_ids(rng, IdsConfig(), 100, 10, out=np.zeros(10, dtype=np.int32))
-
-
-@pytest.mark.parametrize("alpha, n", [(1.05, 10_000), (1.2, 40_000_000), (0.9, 3_000)])
-def test_compiled_bucket_lookup_gives_numpys_ids_bit_for_bit(alpha, n):
-    """workloads.id_kernels' compiled loop (used from COMPILED_MIN_IDS ids on) and the numpy passes agree
-    exactly, on one table and on a group of three."""
-    from workloads.id_kernels import COMPILED_MIN_IDS, compiled_bucket_lookup
-    from workloads.ids import draw_zipf_grouped
-
-    assert compiled_bucket_lookup() is not None  # numba is a dependency: the fast path is the one measured
-    for sizes in ([COMPILED_MIN_IDS + 3], [COMPILED_MIN_IDS // 2, 1, COMPILED_MIN_IDS]):
-        keys = [int(k) for k in np.random.default_rng(7).integers(0, 2**63, len(sizes))]
-        results = []
-        for compiled in (True, False):
-            out = np.empty(sum(sizes), dtype=np.int64)
-            draw_zipf_grouped(alpha, n, keys, sizes, out, compiled=compiled)
-            results.append(out)
-        assert np.array_equal(results[0], results[1])
-        assert results[0].min() >= 0 and results[0].max() < n
-
-
-def test_two_rank_buckets_split_where_the_formula_switches():
-    """A bucket of two ranks is split at the smallest offset the inverse CDF maps to the second: one below it
-    is still the first (the compiled loop compares draws against it instead of evaluating the formula)."""
-    from workloads import ids
-
-    for alpha, n in [(1.05, 10_000), (1.2, 40_000_000)]:
-        tab, buckets = ids._zipf_table(alpha, n), ids._zipf_buckets(alpha, n, False)
-        two = np.flatnonzero(buckets.table <= -2)
-        assert len(two) == len(buckets.split_offsets) > 0
-        starts = two.astype(np.int64) << (53 - buckets.bits)
-        at = ids._zipf_ranks_from_u(tab, np.ldexp((starts + buckets.split_offsets).astype(np.float64), -53))
-        before = ids._zipf_ranks_from_u(tab, np.ldexp((starts + buckets.split_offsets - 1).astype(np.float64), -53))
-        assert np.array_equal(at, buckets.split_second) and np.array_equal(before, buckets.split_first)
-        assert np.array_equal(buckets.split_second, buckets.split_first + 1)

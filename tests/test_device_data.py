@@ -17,7 +17,9 @@ from workloads.device_data import (
     to_physical_t,
     zipf_ranks_t,
 )
-from workloads.ids import ZIPF_EXACT_HEAD, _zipf_table, mulmod, splitmix64, to_physical, zipf_rank_to_id
+from workloads.hashing import splitmix64
+from workloads.ids import to_physical
+from workloads.zipf_law import ZIPF_EXACT_HEAD, mulmod, zipf_rank_to_id, zipf_table
 from workloads.spec import build_spec
 
 FIELDS = ("dense_features", "lengths", "values", "labels")
@@ -99,7 +101,7 @@ def test_zipf_law_matches_the_numpy_generators_law(alpha, n):
     samples = 2_000_000
     g = torch.Generator().manual_seed(5)
     u = torch.rand(samples, generator=g, dtype=torch.float64)
-    tab = _zipf_table(alpha, n)
+    tab = zipf_table(alpha, n)
     ranks = zipf_ranks_t(u, tab, torch.tensor(tab.cdf[1 : tab.k + 1])).numpy()
     assert ranks.min() >= 1 and ranks.max() <= n
     p = zipf_law_pmf(alpha, n)

@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 from conftest import REPO_ROOT
 from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
 from workloads.data import SyntheticBatches, batch_rng, draw_pooling
-from workloads.ids import draw_virtual_ids, to_physical, zipf_multiplier
+from workloads.ids import draw_virtual_ids, to_physical
+from workloads.zipf_law import zipf_multiplier
 from workloads.spec import build_spec
 from workloads.tables_file import TABLES_DIR, HistogramIdsConfig, histogram_bucket_of, load_tables
 from workloads.validate import ConfigError, validate_workload

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from workloads.config import PoolingConfig
-from workloads.ids import draw_virtual_ids, draw_zipf_grouped, to_physical, zipf_key, zipf_multiplier
+from workloads.ids import COMPILED_MIN_IDS, draw_virtual_ids, draw_zipf_grouped, to_physical, zipf_key
+from workloads.zipf_law import zipf_multiplier
 from workloads.spec import WorkloadSpec
 from workloads.rules import HISTOGRAM, POOLING_DISTRIBUTIONS
 from workloads.tables_file import draw_histogram_ids
@@ -202,6 +203,7 @@ class SyntheticBatches:
 
         offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
         values_np = np.empty(offsets[-1], dtype=np.int64)
+        compiled = sum(c for c, key in zip(counts, keys) if key is not None) >= COMPILED_MIN_IDS
         i = 0
         while i < len(tables):
             k = i + 1
@@ -211,7 +213,8 @@ class SyntheticBatches:
                 law = _zipf_law(tables[i])
                 while k < len(tables) and keys[k] is not None and _zipf_law(tables[k]) == law:
                     k += 1
-                draw_zipf_grouped(law[0], law[1], keys[i:k], counts[i:k], values_np[offsets[i] : offsets[k]])
+                draw_zipf_grouped(law[0], law[1], keys[i:k], counts[i:k], values_np[offsets[i] : offsets[k]],
+                                  compiled=compiled)
             for j in range(i, k):  # virtual -> physical rows (the identity when materialized in full)
                 t = tables[j]
                 if t.physical_rows != t.virtual_rows:

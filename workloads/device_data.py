@@ -2,7 +2,7 @@
 
 ``DeviceSyntheticBatches(spec, rank, world_size, device)`` is the device-side twin of
 ``workloads.data.SyntheticBatches``: the same laws (pooling fixed | uniform | poisson | pareto; ids uniform
-or the bounded Zipf law of ``workloads.ids`` -- exact head of ``ZIPF_EXACT_HEAD`` ranks, rounded continuous
+or the bounded Zipf law of ``workloads.zipf_law`` -- exact head of ``ZIPF_EXACT_HEAD`` ranks, rounded continuous
 tail -- with ranks scattered by the same modular multiplier; virtual -> physical rows by the same
 splitmix64 hash as ``workloads.ids.to_physical``), returning a ``workloads.data.Batch`` whose tensors live
 on ``device``. The values differ from ``SyntheticBatches``'s (another generator); the laws are the same.
@@ -26,8 +26,8 @@ from typing import Iterator, List, Sequence
 import torch
 
 from workloads.data import Batch, check_pooling_law, check_stream_args
-from workloads.id_kernels import SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2
-from workloads.ids import _ZipfTable, _zipf_table, zipf_multiplier
+from workloads.hashing import SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2
+from workloads.zipf_law import ZipfTable, zipf_multiplier, zipf_table
 from workloads.rules import ID_DISTRIBUTIONS
 from workloads.spec import WorkloadSpec
 
@@ -95,7 +95,7 @@ def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
 
 
 def splitmix64_t(x: torch.Tensor) -> torch.Tensor:
-    """``workloads.ids.splitmix64`` on int64 tensors (the uint64 result's bits, as int64)."""
+    """``workloads.hashing.splitmix64`` on int64 tensors (the uint64 result's bits, as int64)."""
     z = x + _signed(SPLITMIX_GAMMA)
     z = z ^ _shr(z, 30)
     z = z * _signed(SPLITMIX_M1)
@@ -122,12 +122,12 @@ def to_physical_t(virtual_ids: torch.Tensor, virtual_rows: int, physical_rows: i
 # --------------------------------------------------------------------------------------------------
 
 
-def zipf_ranks_t(u: torch.Tensor, tab: _ZipfTable, head_cdf: torch.Tensor) -> torch.Tensor:
-    """The inverse CDF of ``workloads.ids.draw_zipf_ranks``'s law at float64 ``u`` in [0, 1): int64 ranks.
+def zipf_ranks_t(u: torch.Tensor, tab: ZipfTable, head_cdf: torch.Tensor) -> torch.Tensor:
+    """The inverse CDF of ``workloads.zipf_law``'s law at float64 ``u`` in [0, 1): int64 ranks.
 
     ``head_cdf``: ``tab.cdf[1 : k + 1]`` on u's device (P(rank <= r), r = 1..k; +inf past the head when
     there is no tail). Head: the count of head boundaries <= u, plus one. Tail: the continuous power law's
-    inverse CDF, rounded (the same expm1/log1p form as ``workloads.ids``).
+    inverse CDF, rounded (``workloads.zipf_law.zipf_table``'s expm1/log1p form).
     """
     head = torch.searchsorted(head_cdf, u, right=True) + 1
     if tab.head_mass > 1.0:  # no tail
@@ -141,7 +141,7 @@ def zipf_ranks_t(u: torch.Tensor, tab: _ZipfTable, head_cdf: torch.Tensor) -> to
 
 
 def rank_to_id_t(ranks: torch.Tensor, n: int) -> torch.Tensor:
-    """``workloads.ids.zipf_rank_to_id`` on tensors: ``(k - 1) * zipf_multiplier(n) mod n``."""
+    """``workloads.zipf_law.zipf_rank_to_id`` on tensors: ``(k - 1) * zipf_multiplier(n) mod n``."""
     m = zipf_multiplier(int(n))
     ids = ranks - 1
     return ids if m == 1 else _mulmod(ids, m, int(n))
@@ -178,7 +178,7 @@ class DeviceSyntheticBatches:
                 if not key[0] > 0:
                     raise ValueError(f"zipf alpha must be > 0, got {key[0]}")
                 if key not in self._head_cdf:
-                    tab = _zipf_table(*key)
+                    tab = zipf_table(*key)
                     zipf_multiplier(key[1])
                     self._head_cdf[key] = torch.tensor(tab.cdf[1 : tab.k + 1], dtype=torch.float64,
                                                        device=self.device)
@@ -229,7 +229,7 @@ class DeviceSyntheticBatches:
         else:
             key = (float(ids_law.zipf_alpha), n_rows)
             u = torch.rand((count,), generator=g, device=self.device, dtype=torch.float64)
-            ranks = zipf_ranks_t(u, _zipf_table(*key), self._head_cdf[key])
+            ranks = zipf_ranks_t(u, zipf_table(*key), self._head_cdf[key])
             vids = rank_to_id_t(ranks, n_rows)
         return to_physical_t(vids, n_rows, t.physical_rows)
 

@@ -25,7 +25,7 @@ id_histogram         no       bucket weights >= 0 (sum > 0), at most ``rows`` bu
 ``id_histogram`` (``w_0 ... w_{K-1}``): the table's popularity ranks ``0 .. rows-1`` are cut into K
 equal-width buckets (bucket j holds ranks ``[j*rows//K, (j+1)*rows//K)``, bucket 0 the most popular);
 an id falls in bucket j with probability ``w_j / sum(w)``, uniformly within it. Ranks are then scattered
-over the id space as for ``zipf`` (``workloads.ids.zipf_rank_to_id``) and mapped to physical rows by the
+over the id space as for ``zipf`` (``workloads.zipf_law.zipf_rank_to_id``) and mapped to physical rows by the
 same ``to_physical``; the draw is a pure function of the batch's stream, like the other laws.
 
 Precedence: the file defines the tables. ``workload.num_tables``, ``rows``, ``rows_list``,
@@ -58,7 +58,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
-from workloads.ids import zipf_rank_to_id
+from workloads.zipf_law import zipf_rank_to_id
 from workloads.rules import FBGEMM_DIM_ALIGNMENT, HISTOGRAM, ID_DISTRIBUTIONS, POOLING_DISTRIBUTIONS, ConfigError
 
 FIELD = "workload.tables_file"
@@ -495,7 +495,7 @@ def draw_histogram_ids(rng: np.random.Generator, ids_cfg: HistogramIdsConfig, vi
 def histogram_bucket_of(virtual_ids: np.ndarray, virtual_rows: int, buckets: int) -> np.ndarray:
     """The bucket of each virtual id (inverse of the scatter in `draw_histogram_ids`; for tests and
     checks)."""
-    from workloads.ids import zipf_multiplier
+    from workloads.zipf_law import zipf_multiplier
 
     m = zipf_multiplier(int(virtual_rows))
     inverse = pow(m, -1, int(virtual_rows))

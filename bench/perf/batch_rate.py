@@ -1,7 +1,9 @@
 """How fast does the synthetic input stream produce batches, compared with what a training step eats?
 
-Run as ``python -m bench.perf.batch_rate [--batches N] [--steps N] [--quick] [--json FILE]``. For each
-shape it prints, on this machine's CPU:
+Run as ``python -m bench.perf.batch_rate [--batches N] [--steps N] [--quick] [--json FILE]``. Shapes: ``tiny``;
+MLPerf DLRM-DCNv2's model (26 tables, 214 ids per sample, batch 4096) with 10k rows per table; and the same with
+the preset's real Criteo 1TB cardinalities (up to 40M rows; the step is not timed there). For each shape it
+prints, on this machine's CPU:
 
 (a) ``workloads.data.SyntheticBatches`` samples/s (Zipf ids, and uniform ids for comparison), median
     over ``--batches`` batches after a warm-up batch;
@@ -12,22 +14,22 @@ shape it prints, on this machine's CPU:
     DLRM (``DLRM``, or ``DLRM_DCN`` for ``arch=dlrm_dcn``) over an ``EmbeddingBagCollection`` on CPU,
     forward + BCE loss + backward + ``torch.optim.SGD`` step; median over ``--steps`` steps after a
     warm-up step;
-
 (d) ``workloads.device_data.DeviceSyntheticBatches`` samples/s (Zipf ids) on ``--device`` (default: cuda
     when available, else cpu; synchronized before each clock read);
 
 then the ratios generator / step (> 1: the generator keeps up with training on one core) and
 generator / RandomRecDataset. ``--json FILE`` also writes the rows (keys ``shape``, ``ours_zipf_per_s``,
 ``ours_uniform_per_s``, ``randomrec_per_s``, ``step_per_s``, ``device_zipf_per_s``, ``device``, and the
-shape's sizes).
+shape's sizes; null where not measured).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-from pathlib import Path
+import math
 import statistics
+from pathlib import Path
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -41,11 +43,22 @@ from workloads.data import Batch, SyntheticBatches
 from workloads.spec import WorkloadSpec
 from workloads.spec import build_spec
 
-# MLPerf DLRM-DCNv2 (Criteo 1TB multi-hot) ids per feature for its 26 sparse features
-MLPERF_MULTI_HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+MLPERF_PRESET = Path(__file__).resolve().parents[2] / "conf" / "workload" / "mlperf_dcnv2.yaml"
+
+
+def _mlperf_preset() -> dict:
+    """The MLPerf DLRM-DCNv2 preset's row counts and multi-hot sizes (Criteo 1TB), from its config file."""
+    from omegaconf import OmegaConf
+
+    preset = OmegaConf.to_container(OmegaConf.load(MLPERF_PRESET))
+    return {"rows_list": [int(r) for r in preset["rows_list"]],
+            "per_table_mean": [float(m) for m in preset["pooling"]["per_table_mean"]]}
 
 
 def shapes(quick: bool) -> List[WorkloadConfig]:
+    """tiny; MLPerf DLRM-DCNv2's model at 10k rows per table (small enough to train a step on CPU); and its
+    real cardinalities (up to 40M rows: generators only, the step is skipped -- its tables are ~104 GB)."""
+    preset = _mlperf_preset()
     tiny = WorkloadConfig()  # 8 tables x 10k rows, dim 64, fixed pooling 4, batch 512
     mlperf = WorkloadConfig(
         name="mlperf_dcnv2_like",
@@ -54,14 +67,20 @@ def shapes(quick: bool) -> List[WorkloadConfig]:
         embedding_dim=128,
         num_dense_features=13,
         batch_size=512 if quick else 4096,
-        pooling=PoolingConfig(distribution="fixed", per_table_mean=[float(m) for m in MLPERF_MULTI_HOT]),
+        pooling=PoolingConfig(distribution="fixed", per_table_mean=preset["per_table_mean"]),
         arch="dlrm_dcn",
         dense_arch=[512, 256, 128],
         over_arch=[1024, 1024, 512, 256, 1],
         dcn_num_layers=3,
         dcn_low_rank_dim=512,
     )
-    return [tiny, mlperf]
+    criteo = WorkloadConfig(**{**mlperf.__dict__, "name": "mlperf_dcnv2_criteo_rows", "rows_list": preset["rows_list"]})
+    return [tiny, mlperf, criteo]
+
+
+def trains_a_step(cfg: WorkloadConfig) -> bool:
+    """Whether the benchmark times a CPU training step at this shape (not at real MLPerf cardinalities)."""
+    return not cfg.rows_list
 
 
 @contextmanager
@@ -224,16 +243,26 @@ class Row:
         return self.batch / (self.step_ms / 1000)
 
 
+def _or_dash(x: float, text: str) -> str:
+    """`text`, or "-" where `x` was not measured (NaN)."""
+    return "-" if math.isnan(x) else text
+
+
 def fmt_rate(x: float) -> str:
-    return f"{x / 1e3:,.0f}k" if x >= 1e4 else f"{x:,.0f}"
+    return _or_dash(x, f"{x / 1e3:,.0f}k" if x >= 1e4 else f"{x:,.0f}")
+
+
+def _json_number(x: float, digits: int):
+    return None if math.isnan(x) else round(x, digits)
 
 
 def json_rows(rows: List[Row]) -> List[dict]:
-    """The rows as ``--json`` writes them: rates in samples per second."""
+    """The rows as ``--json`` writes them: rates in samples per second, null where not measured."""
     return [{"shape": r.shape, "tables": r.tables, "batch": r.batch, "ids_per_sample": r.ids_per_sample,
              "ours_zipf_per_s": round(r.ours_zipf, 1), "ours_uniform_per_s": round(r.ours_uniform, 1),
-             "randomrec_per_s": round(r.random_rec, 1), "step_per_s": round(r.step_rate, 1),
-             "step_ms": round(r.step_ms, 3), "device_zipf_per_s": round(r.device_zipf, 1), "device": r.device}
+             "randomrec_per_s": round(r.random_rec, 1), "step_per_s": _json_number(r.step_rate, 1),
+             "step_ms": _json_number(r.step_ms, 3), "device_zipf_per_s": _json_number(r.device_zipf, 1),
+             "device": r.device}
             for r in rows]
 
 
@@ -245,8 +274,9 @@ def render(rows: List[Row], header: str) -> None:
     data = [
         [
             r.shape, str(r.tables), str(r.batch), f"{r.ids_per_sample:g}", fmt_rate(r.ours_zipf),
-            fmt_rate(r.ours_uniform), fmt_rate(r.random_rec), f"{r.step_ms:,.1f}", fmt_rate(r.step_rate),
-            f"{r.ours_zipf / r.step_rate:,.1f}x", f"{r.ours_zipf / r.random_rec:,.2f}x",
+            fmt_rate(r.ours_uniform), fmt_rate(r.random_rec), _or_dash(r.step_ms, f"{r.step_ms:,.1f}"),
+            fmt_rate(r.step_rate), _or_dash(r.step_ms, f"{r.ours_zipf / r.step_rate:,.1f}x"),
+            f"{r.ours_zipf / r.random_rec:,.2f}x",
             f"{r.ours_uniform / r.random_rec:,.2f}x", f"{fmt_rate(r.device_zipf)} ({r.device})",
         ]
         for r in rows
@@ -283,7 +313,7 @@ def main(argv: List[str] | None = None) -> None:
                 ours_zipf=rates["zipf"],
                 ours_uniform=rates["uniform"],
                 random_rec=rates["randomrec"],
-                step_ms=step_seconds(spec, steps) * 1000,
+                step_ms=step_seconds(spec, steps) * 1000 if trains_a_step(cfg) else float("nan"),
                 device_zipf=device_generator_rate(spec, args.device, batches),
                 device=args.device,
             )
