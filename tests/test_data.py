@@ -513,6 +513,14 @@ def test_compiled_sampler_gives_numpys_ids_bit_for_bit(alpha, n):
                 results.append(out)
             assert np.array_equal(results[0], results[1])
             assert results[0].min() >= (0 if as_ids else 1) and results[0].max() < n + (0 if as_ids else 1)
+            # at explicit offsets (here in reverse order, as a batch's same-law tables may lie): the same values
+            starts = np.cumsum([0, *sizes[::-1]])[:-1][::-1].tolist()
+            for compiled in (True, False):
+                reverse = np.empty(sum(sizes), dtype=np.int64)
+                draw_zipf_grouped(alpha, n, keys, sizes, reverse, as_ids=as_ids, starts=starts, compiled=compiled)
+                for i, (start, size) in enumerate(zip(starts, sizes)):
+                    first = sum(sizes[:i])
+                    assert np.array_equal(reverse[start : start + size], results[0][first : first + size])
     if n == 2**62:
         assert attempts_past_the_bound(alpha, n, keys[2], sizes[2]) > 3
 

@@ -42,9 +42,9 @@ def _wide_block_rank(key, n, d, first, size, bound, rank, accept, b, log_form): 
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def alias_draw(keys, starts, cell_shift, cells, singles, values, wide_rows, b, log_form, as_ids, n_ranks, multiplier,
-               out):  # pragma: no cover (compiled)
-    """Table t (keyed by keys[t]) draws out[starts[t]:starts[t + 1]]; `values`: single_ids or single_ranks,
+def alias_draw(keys, starts, counts, cell_shift, cells, singles, values, wide_rows, b, log_form, as_ids, n_ranks,
+               multiplier, out):  # pragma: no cover (compiled)
+    """Table t (keyed by keys[t]) draws out[starts[t]:starts[t] + counts[t]]; `values`: single_ids or single_ranks,
     `wide_rows`: the table's `wide` (workloads.zipf_alias.ZipfAlias)."""
     low32, s32 = np.uint64(0xFFFFFFFF), np.uint64(32)
     m_over_n = np.float64(multiplier) / np.float64(n_ranks)
@@ -54,7 +54,7 @@ def alias_draw(keys, starts, cell_shift, cells, singles, values, wide_rows, b, l
     rows = np.empty(_CHUNK, dtype=np.uint64)
     rank_words, accept_words = np.empty(_CHUNK, dtype=np.uint64), np.empty(_CHUNK, dtype=np.uint64)
     for t in range(keys.shape[0]):
-        key, start, n = keys[t], starts[t], starts[t + 1] - starts[t]
+        key, start, n = keys[t], starts[t], counts[t]
         for c0 in range(0, n, _CHUNK):
             m = min(_CHUNK, n - c0)
             for i in range(m):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -180,8 +180,8 @@ class SyntheticBatches:
         dense = rng.standard_normal((n, self.num_dense_features), dtype=np.float32)
         labels = (rng.random(n) < 0.5).astype(np.float32)
 
-        # per table: its pooling factors, then its ids -- Zipf: the key of its draw (`zipf_key`); a run of Zipf
-        # tables with the same law and id space is then drawn in one pass
+        # per table: its pooling factors, then its ids -- Zipf: the key of its draw (`zipf_key`); the Zipf tables
+        # of one law and id space are then drawn in one pass
         tables = self.spec.tables
         lengths: List[np.ndarray] = []
         counts: List[int] = []
@@ -203,24 +203,20 @@ class SyntheticBatches:
 
         offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
         values_np = np.empty(offsets[-1], dtype=np.int64)
-        compiled = sum(c for c, key in zip(counts, keys) if key is not None) >= COMPILED_MIN_IDS
-        i = 0
-        while i < len(tables):
-            k = i + 1
+        laws: Dict[Tuple[float, int], List[int]] = {}  # Zipf tables by (alpha, id space), each law drawn in one call
+        for i, t in enumerate(tables):
             if keys[i] is None:
-                values_np[offsets[i] : offsets[k]] = others[i]
+                values_np[offsets[i] : offsets[i + 1]] = others[i]
             else:
-                law = _zipf_law(tables[i])
-                while k < len(tables) and keys[k] is not None and _zipf_law(tables[k]) == law:
-                    k += 1
-                draw_zipf_grouped(law[0], law[1], keys[i:k], counts[i:k], values_np[offsets[i] : offsets[k]],
-                                  compiled=compiled)
-            for j in range(i, k):  # virtual -> physical rows (the identity when materialized in full)
-                t = tables[j]
-                if t.physical_rows != t.virtual_rows:
-                    part = values_np[offsets[j] : offsets[j + 1]]
-                    part[...] = to_physical(part, t.virtual_rows, t.physical_rows)
-            i = k
+                laws.setdefault(_zipf_law(t), []).append(i)
+        compiled = sum(counts[i] for group in laws.values() for i in group) >= COMPILED_MIN_IDS
+        for (alpha, n_ranks), group in laws.items():
+            draw_zipf_grouped(alpha, n_ranks, [keys[i] for i in group], [counts[i] for i in group], values_np,
+                              starts=[offsets[i] for i in group], compiled=compiled)
+        for i, t in enumerate(tables):  # virtual -> physical rows (the identity when materialized in full)
+            if t.physical_rows != t.virtual_rows:
+                part = values_np[offsets[i] : offsets[i + 1]]
+                part[...] = to_physical(part, t.virtual_rows, t.physical_rows)
 
         lengths_np = np.concatenate(lengths).astype(np.int32) if lengths else np.zeros(0, np.int32)
         return Batch(

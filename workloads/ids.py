@@ -41,27 +41,27 @@ def zipf_key(rng: np.random.Generator) -> int:
 
 
 def draw_zipf_grouped(alpha: float, n_ranks: int, keys: Sequence[int], counts: Sequence[int], out: np.ndarray,
-                      as_ids: bool = True, compiled: bool = True) -> None:
-    """Zipf ids (or ranks) for several tables of the same (alpha, n_ranks), into ``out``.
+                      as_ids: bool = True, compiled: bool = True, starts: Optional[Sequence[int]] = None) -> None:
+    """Zipf ids (or ranks) for several tables of the same (alpha, n_ranks), into ``out`` (int64).
 
-    Table ``i`` draws ``counts[i]`` values keyed by ``keys[i]`` (`zipf_key`); ``out`` is their concatenation
-    (int64). Table ``i`` gets exactly what it draws alone: grouping changes the speed only. The draws are
-    workloads.zipf_alias's: in one compiled pass when ``compiled`` (and numba is there), else by numpy passes;
-    the values are the same.
+    Table ``i`` draws ``counts[i]`` values keyed by ``keys[i]`` (`zipf_key`) into ``out[starts[i] : starts[i] +
+    counts[i]]`` (``starts``: by default the tables one after the other from 0). Table ``i`` gets exactly what it
+    draws alone: grouping changes the speed only. The draws are workloads.zipf_alias's: in one compiled pass
+    when ``compiled`` (and numba is there), else by numpy passes; the values are the same.
     """
-    if not len(out):
+    if starts is None:
+        starts = np.cumsum([0, *counts[:-1]], dtype=np.int64) if len(counts) else []
+    if not sum(counts):
         return
     tab = zipf_alias(float(alpha), int(n_ranks))
     kernel = compiled_alias_draw() if compiled else None
     if kernel is None:
-        start = 0
-        for key, count in zip(keys, counts):
+        for key, start, count in zip(keys, starts, counts):
             draw_alias(tab, key, out[start : start + count], as_ids)
-            start += count
         return
-    kernel(np.array(keys, dtype=np.uint64), np.cumsum([0, *counts], dtype=np.int64), tab.cell_shift, tab.cells,
-           tab.singles, tab.single_ids if as_ids else tab.single_ranks, tab.wide, tab.b, tab.log_form, as_ids,
-           np.int64(n_ranks), np.int64(tab.multiplier), out)
+    kernel(np.array(keys, dtype=np.uint64), np.array(starts, dtype=np.int64), np.array(counts, dtype=np.int64),
+           tab.cell_shift, tab.cells, tab.singles, tab.single_ids if as_ids else tab.single_ranks, tab.wide, tab.b,
+           tab.log_form, as_ids, np.int64(n_ranks), np.int64(tab.multiplier), out)
 
 
 def _draw_zipf(rng: np.random.Generator, alpha: float, n_ranks: int, n: int, as_ids: bool,
