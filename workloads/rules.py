@@ -5,7 +5,7 @@ without importing validation back.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Optional, Tuple
 
 ROWS_DISTRIBUTIONS = ("fixed", "log_uniform", "log_normal")
 MATERIALIZE = ("full", "scaled", "plan_only")
@@ -31,3 +31,22 @@ class ConfigError(ValueError):
     def __init__(self, field: str, value: Any, fix: str):
         self.field, self.value, self.fix = field, value, fix
         super().__init__(f"invalid config: {field}={value!r}: {fix}")
+
+
+def pooling_law_problem(distribution: str, low: int, high: int, mean: float, pareto_alpha: float,
+                        names: Mapping[str, str]) -> Optional[Tuple[str, Any, str]]:
+    """The first rule a configured pooling law breaks -- as (the field: distribution | min | max | mean |
+    pareto_alpha, its value, how to fix it, naming fields as ``names`` does) -- or None. The one set of rules for
+    workload.pooling (workloads.validate) and a tables file's pooling columns (workloads.tables_file)."""
+    if distribution not in POOLING_DISTRIBUTIONS:
+        return "distribution", distribution, f"must be one of {' | '.join(POOLING_DISTRIBUTIONS)}"
+    if low < 0:
+        return "min", low, "must be >= 0"
+    if high < max(low, 1):
+        return "max", high, f"must be >= max(1, {names['min']}) = {max(low, 1)}"
+    if mean <= 0 or not low <= mean <= high:
+        return "mean", mean, (f"must be > 0 and within [{names['min']}, {names['max']}] = [{low}, "
+                              f"{high}]; give a mean in that range, or widen it")
+    if distribution == "pareto" and not pareto_alpha > 1:
+        return "pareto_alpha", pareto_alpha, "must be > 1 for a finite mean (a Pareto law's shape)"
+    return None

@@ -59,9 +59,13 @@ import numpy as np
 
 from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
 from workloads.zipf_law import zipf_rank_to_id
-from workloads.rules import FBGEMM_DIM_ALIGNMENT, HISTOGRAM, ID_DISTRIBUTIONS, POOLING_DISTRIBUTIONS, ConfigError
+from workloads.rules import FBGEMM_DIM_ALIGNMENT, HISTOGRAM, ID_DISTRIBUTIONS, POOLING_DISTRIBUTIONS, ConfigError, \
+    pooling_law_problem
 
 FIELD = "workload.tables_file"
+# workloads.rules.pooling_law_problem's fields -> this file's columns
+_POOLING_COLUMNS = {"distribution": "pooling_distribution", "min": "pooling_min", "max": "pooling_max",
+                    "mean": "pooling_mean", "pareto_alpha": "pareto_alpha"}
 TABLES_DIR = Path(__file__).resolve().parent.parent / "conf" / "tables"
 COLUMNS = ("name", "rows", "dim", "pooling_mean", "pooling_distribution", "pooling_min", "pooling_max",
            "pareto_alpha", "id_distribution", "zipf_alpha", "id_histogram")
@@ -411,17 +415,12 @@ def _resolve_one(line: int, cells: Dict[str, Tuple[Any, str]], cfg: WorkloadConf
     distribution = _choice(get("pooling_distribution"), where["pooling_distribution"], POOLING_DISTRIBUTIONS)
     low = _integer(get("pooling_min"), where["pooling_min"], "the smallest pooling factor (e.g. 1)", 0)
     high = _integer(get("pooling_max"), where["pooling_max"], "the largest pooling factor (e.g. 64)", 1)
-    if high < max(low, 1):
-        raise _Refused(where["pooling_max"], f"{high} is below pooling_min ({low}, {where['pooling_min']}); "
-                                             f"give pooling_max >= max(1, pooling_min)")
     mean = _number(get("pooling_mean"), where["pooling_mean"], "the mean ids per sample (e.g. 4)")
-    if mean <= 0 or not low <= mean <= high:
-        raise _Refused(where["pooling_mean"], f"{mean:g} is not within [pooling_min, pooling_max] = [{low}, "
-                                              f"{high}] (or not > 0); give a mean in that range, or widen it")
     alpha = _number(get("pareto_alpha"), where["pareto_alpha"], "the Pareto shape (> 1)")
-    if distribution == "pareto" and not alpha > 1:
-        raise _Refused(where["pareto_alpha"], f"{alpha:g} is not > 1; a Pareto pooling law needs a shape > 1 "
-                                              f"for a finite mean")
+    problem = pooling_law_problem(distribution, low, high, mean, alpha, _POOLING_COLUMNS)
+    if problem:
+        column, value, fix = problem
+        raise _Refused(where[_POOLING_COLUMNS[column]], f"{value:g}: {fix}")
     pooling = replace(pool, distribution=distribution, mean=mean, min=low, max=high, pareto_alpha=alpha,
                       per_table_mean=[])
 

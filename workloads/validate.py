@@ -12,7 +12,7 @@ from workloads.storage import DENSE_OPTIMIZERS, EMBEDDING_OPTIMIZERS
 from workloads.rules import (  # noqa: F401 (re-exported: the names every check and its callers use)
     ARCHS, COMPUTE_KERNELS, DATA_TYPES, GENERATORS, EMBEDDING_OPTIMIZERS_CPU_FUSED, FBGEMM_DIM_ALIGNMENT, ID_DISTRIBUTIONS,
     MATERIALIZE, POOLING_DISTRIBUTIONS, ROWS_DISTRIBUTIONS, SHARDING_TYPES_CPU, SHARDING_TYPES_CUDA_ONLY,
-    ConfigError)
+    ConfigError, pooling_law_problem)
 from workloads.units import GIB
 
 
@@ -112,20 +112,15 @@ def _validate_inputs(cfg: WorkloadConfig, p: str) -> None:
     if cfg.tables_file:  # each table's pooling and id law are checked where its line is read
         return
     pool = cfg.pooling
-    _one_of(f"{p}.pooling.distribution", pool.distribution, POOLING_DISTRIBUTIONS)
     _length(f"{p}.pooling.per_table_mean", pool.per_table_mean, cfg.num_tables)
-    if pool.min < 0:
-        raise ConfigError(f"{p}.pooling.min", pool.min, "must be >= 0")
-    if pool.max < max(pool.min, 1):
-        raise ConfigError(f"{p}.pooling.max", pool.max, f"must be >= max(1, {p}.pooling.min)")
-    means = list(pool.per_table_mean) or [pool.mean]
-    mean_field = f"{p}.pooling.per_table_mean" if pool.per_table_mean else f"{p}.pooling.mean"
-    for mean in means:
-        if not (pool.min <= mean <= pool.max) or mean <= 0:
-            raise ConfigError(mean_field, mean, f"mean pooling must be > 0 and within "
-                                                f"[{p}.pooling.min, {p}.pooling.max] = [{pool.min}, {pool.max}]")
-    if pool.distribution == "pareto" and not pool.pareto_alpha > 1:
-        raise ConfigError(f"{p}.pooling.pareto_alpha", pool.pareto_alpha, "must be > 1 for a finite mean")
+    names = {name: f"{p}.pooling.{name}" for name in ("distribution", "min", "max", "mean", "pareto_alpha")}
+    if pool.per_table_mean:
+        names["mean"] = f"{p}.pooling.per_table_mean"
+    for mean in list(pool.per_table_mean) or [pool.mean]:
+        problem = pooling_law_problem(pool.distribution, pool.min, pool.max, mean, pool.pareto_alpha, names)
+        if problem:
+            field, value, fix = problem
+            raise ConfigError(names[field], value, fix)
     _one_of(f"{p}.ids.distribution", cfg.ids.distribution, ID_DISTRIBUTIONS)
     if cfg.ids.distribution == "zipf" and not (0 < cfg.ids.zipf_alpha <= 5):
         raise ConfigError(f"{p}.ids.zipf_alpha", cfg.ids.zipf_alpha, "Zipf exponent must be in (0, 5]")
