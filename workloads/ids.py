@@ -56,8 +56,7 @@ def draw_zipf_grouped(alpha: float, n_ranks: int, keys: Sequence[int], counts: S
     tab = zipf_alias(float(alpha), int(n_ranks))
     kernel = compiled_alias_draw() if compiled else None
     if kernel is None:
-        for key, start, count in zip(keys, starts, counts):
-            draw_alias(tab, key, out[start : start + count], as_ids)
+        draw_alias(tab, keys, starts, counts, out, as_ids)
         return
     kernel(np.array(keys, dtype=np.uint64), np.array(starts, dtype=np.int64), np.array(counts, dtype=np.int64),
            tab.cell_shift, tab.cells, tab.singles, tab.single_ids if as_ids else tab.single_ranks, tab.wide, tab.b,

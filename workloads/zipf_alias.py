@@ -29,10 +29,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 import numpy as np
 
-from workloads.hashing import mulhi64, splitmix_word, stream_words
+from workloads.hashing import mulhi64, splitmix_word
 from workloads.zipf_law import LOG_FORM_EPS, ZIPF_EXACT_HEAD, tail_mass, tail_mass_ratio, zipf_multiplier, \
     zipf_rank_to_id
 
@@ -122,34 +123,41 @@ def zipf_alias(alpha: float, n_ranks: int) -> ZipfAlias:
                      multiplier=zipf_multiplier(int(n_ranks)))
 
 
-def draw_alias(tab: ZipfAlias, key: int, out: np.ndarray, as_ids: bool) -> None:
-    """Fill ``out`` (int64, ``n`` draws) with the draws of the table keyed by ``key``, by numpy passes."""
-    n = len(out)
-    words = stream_words(key, 0, n)
+def draw_alias(tab: ZipfAlias, keys: Sequence[int], starts: Sequence[int], counts: Sequence[int], out: np.ndarray,
+               as_ids: bool) -> None:
+    """Table ``i`` (keyed by ``keys[i]``) draws ``out[starts[i] : starts[i] + counts[i]]`` (int64), all tables in
+    one set of numpy passes."""
+    counts = np.asarray(counts, dtype=np.int64)
+    table = np.repeat(np.arange(len(counts)), counts)
+    draw = np.arange(len(table), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)  # d, per table
+    key = np.asarray(keys, dtype=np.uint64)[table]
+    words = splitmix_word(key, draw.astype(np.uint64))
     cell = words >> tab.cell_shift
     entry = tab.cells[cell]
     block = np.where((words & _LOW32) < (entry >> _S32), cell, entry & _LOW32).astype(np.int64)
     wide = np.flatnonzero(block >= tab.singles)
     rows = block[wide] - tab.singles
     np.minimum(block, tab.singles - 1, out=block)
-    (tab.single_ids if as_ids else tab.single_ranks).take(block, out=out)
+    values = (tab.single_ids if as_ids else tab.single_ranks).take(block)
     if wide.size:
-        ranks = _wide_block_ranks(tab, key, n, wide, rows)
-        out[wide] = zipf_rank_to_id(ranks, tab.n_ranks) if as_ids else ranks
+        ranks = _wide_block_ranks(tab, key[wide], counts[table[wide]], draw[wide], rows)
+        values[wide] = zipf_rank_to_id(ranks, tab.n_ranks) if as_ids else ranks
+    out[np.asarray(starts, dtype=np.int64)[table] + draw] = values
 
 
-def _wide_block_ranks(tab: ZipfAlias, key: int, n: int, draws: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Ranks for the ``draws`` that landed in wide blocks (their ``rows`` of ``tab.wide``): rejection, attempt by
-    attempt (see the module docstring)."""
+def _wide_block_ranks(tab: ZipfAlias, keys: np.ndarray, n: np.ndarray, draws: np.ndarray, rows: np.ndarray
+                      ) -> np.ndarray:
+    """Ranks for the ``draws`` (each ``d``, of a table of ``n`` draws keyed by ``keys``) that landed in wide blocks
+    (their ``rows`` of ``tab.wide``): rejection, attempt by attempt (see the module docstring)."""
     ranks = np.empty(len(draws), dtype=np.int64)
     pending = np.arange(len(draws))
-    key64, n64, attempt = np.uint64(key), np.uint64(n), 0
+    n64, attempt = n.astype(np.uint64), 0
     while pending.size:
         row = tab.wide[rows[pending]]
         first = row[:, 0].astype(np.int64)
-        j = n64 + np.uint64(2) * (np.uint64(attempt) * n64 + draws[pending].astype(np.uint64))
-        rank = first + mulhi64(splitmix_word(key64, j), row[:, 1]).astype(np.int64)
-        accept = splitmix_word(key64, j + np.uint64(1)) >> _S32
+        j = n64[pending] + np.uint64(2) * (np.uint64(attempt) * n64[pending] + draws[pending].astype(np.uint64))
+        rank = first + mulhi64(splitmix_word(keys[pending], j), row[:, 1]).astype(np.int64)
+        accept = splitmix_word(keys[pending], j + np.uint64(1)) >> _S32
         kept = accept < row[:, 2]
         for i in np.flatnonzero(~kept).tolist():  # past the bound (rare): the exact ratio
             ratio = tail_mass_ratio(float(rank[i]), float(first[i]), tab.b, tab.log_form)
