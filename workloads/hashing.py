@@ -34,11 +34,6 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
     return splitmix_word(np.asarray(x).astype(np.uint64), np.uint64(0))
 
 
-def stream_words(key: int, start: int, count: int) -> np.ndarray:
-    """Words ``start .. start + count - 1`` of the stream of ``key`` (uint64)."""
-    return splitmix_word(np.uint64(key), np.arange(start, start + count, dtype=np.uint64))
-
-
 def mulhi64(a, b):
     """The high 64 bits of the 128-bit product ``a * b`` of uint64 values, from 32-bit halves:
     ``floor(a * b / 2^64)``, so ``mulhi64(w, size)`` of a uniform 64-bit ``w`` is uniform on ``[0, size)``

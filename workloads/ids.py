@@ -36,7 +36,7 @@ def compiled_alias_draw() -> Optional[Callable]:
 
 def zipf_key(rng: np.random.Generator) -> int:
     """A table's Zipf draw is keyed by one 64-bit word of its generator: its uniforms come from the SplitMix64
-    stream of that key (workloads.hashing.stream_words), which the compiled loop can produce in place."""
+    stream of that key (workloads.hashing.splitmix_word), which the compiled loop makes in place."""
     return int(rng.bit_generator.random_raw())
 
 
