@@ -13,6 +13,7 @@ from typing import List
 import numpy as np
 
 from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
+from workloads.tables_file import load_tables
 from workloads.units import GIB
 
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2}
@@ -127,8 +128,6 @@ def build_spec(cfg: WorkloadConfig) -> WorkloadSpec:
 
 
 def _spec_from_file(cfg: WorkloadConfig) -> WorkloadSpec:
-    from workloads.tables_file import load_tables
-
     file_tables = load_tables(cfg)
     rows = [t.rows for t in file_tables]
     physical = physical_rows(cfg, rows, [t.dim for t in file_tables])

@@ -58,7 +58,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
-from workloads.zipf_law import zipf_rank_to_id
+from workloads.zipf_law import zipf_multiplier, zipf_rank_to_id
 from workloads.rules import FBGEMM_DIM_ALIGNMENT, HISTOGRAM, ID_DISTRIBUTIONS, POOLING_DISTRIBUTIONS, ConfigError, \
     pooling_law_problem
 
@@ -460,11 +460,15 @@ def _resolve_one(line: int, cells: Dict[str, Tuple[Any, str]], cfg: WorkloadConf
 @lru_cache(maxsize=256)
 def _histogram_buckets(weights: Tuple[float, ...], virtual_rows: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(cdf, first rank, width) of each bucket."""
-    k = len(weights)
     cdf = np.cumsum(np.asarray(weights, dtype=np.float64))
     cdf /= cdf[-1]
-    bounds = np.array([j * virtual_rows // k for j in range(k + 1)], dtype=np.int64)
+    bounds = _bucket_bounds(virtual_rows, len(weights))
     return cdf, bounds[:-1], np.diff(bounds)
+
+
+def _bucket_bounds(virtual_rows: int, buckets: int) -> np.ndarray:
+    """The first rank (0-based) of each of ``buckets`` near-equal buckets of ranks, then ``virtual_rows``."""
+    return np.array([j * virtual_rows // buckets for j in range(buckets + 1)], dtype=np.int64)
 
 
 def has_id_histograms(tables) -> bool:
@@ -494,10 +498,7 @@ def draw_histogram_ids(rng: np.random.Generator, ids_cfg: HistogramIdsConfig, vi
 def histogram_bucket_of(virtual_ids: np.ndarray, virtual_rows: int, buckets: int) -> np.ndarray:
     """The bucket of each virtual id (inverse of the scatter in `draw_histogram_ids`; for tests and
     checks)."""
-    from workloads.zipf_law import zipf_multiplier
-
     m = zipf_multiplier(int(virtual_rows))
     inverse = pow(m, -1, int(virtual_rows))
     ranks = np.array([(int(v) * inverse) % virtual_rows for v in np.asarray(virtual_ids).tolist()], dtype=np.int64)
-    bounds = np.array([j * virtual_rows // buckets for j in range(buckets + 1)], dtype=np.int64)
-    return np.searchsorted(bounds, ranks, side="right") - 1
+    return np.searchsorted(_bucket_bounds(virtual_rows, buckets), ranks, side="right") - 1

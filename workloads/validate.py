@@ -5,7 +5,7 @@ with a bad value is refused as `invalid` instead of crashing inside torchrec min
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, List
+from typing import Any, Iterable, List, Optional
 
 from workloads.config import WorkloadConfig
 from workloads.storage import DENSE_OPTIMIZERS, EMBEDDING_OPTIMIZERS
@@ -13,6 +13,7 @@ from workloads.rules import (  # noqa: F401 (re-exported: the names every check 
     ARCHS, COMPUTE_KERNELS, DATA_TYPES, GENERATORS, EMBEDDING_OPTIMIZERS_CPU_FUSED, FBGEMM_DIM_ALIGNMENT, ID_DISTRIBUTIONS,
     MATERIALIZE, POOLING_DISTRIBUTIONS, ROWS_DISTRIBUTIONS, SHARDING_TYPES_CPU, SHARDING_TYPES_CUDA_ONLY,
     ConfigError, pooling_law_problem)
+from workloads.tables_file import FileTable, has_id_histograms, load_tables
 from workloads.units import GIB
 
 
@@ -36,31 +37,28 @@ def _length(field: str, values: List[Any], num_tables: int) -> None:
 
 def validate_workload(cfg: WorkloadConfig, prefix: str = "workload") -> None:
     """Raise ConfigError for the first problem of a workload config; the config is not changed."""
-    if cfg.tables_file:
-        _validate_tables_file(cfg, prefix)
+    # a tables file is read once here (each line checked as it is read: workloads.tables_file)
+    file_tables = load_tables(cfg) if cfg.tables_file else None
+    if file_tables is not None:
+        _validate_tables_file(cfg, prefix, file_tables)
     else:
         _validate_tables(cfg, prefix)
-    _validate_inputs(cfg, prefix)
-    _validate_arch(cfg, prefix)
+    _validate_inputs(cfg, prefix, file_tables)
+    _validate_arch(cfg, prefix, file_tables)
     _validate_training(cfg, prefix)
 
 
-def _dims(cfg: WorkloadConfig, p: str):
+def _dims(cfg: WorkloadConfig, p: str, file_tables: Optional[List[FileTable]]):
     """The embedding dims and the field that sets them."""
-    if cfg.tables_file:
-        from workloads.tables_file import load_tables
-
-        return [t.dim for t in load_tables(cfg)], f"{p}.tables_file"
+    if file_tables is not None:
+        return [t.dim for t in file_tables], f"{p}.tables_file"
     dims = list(cfg.embedding_dims) or [cfg.embedding_dim]
     return dims, (f"{p}.embedding_dims" if cfg.embedding_dims else f"{p}.embedding_dim")
 
 
-def _validate_tables_file(cfg: WorkloadConfig, p: str) -> None:
-    """The tables of `cfg.tables_file` (each line checked as it is read: workloads.tables_file), then what
-    the workload adds: materialization, data type, and one dim for all tables (DLRM's interactions)."""
-    from workloads.tables_file import load_tables
-
-    tables = load_tables(cfg)
+def _validate_tables_file(cfg: WorkloadConfig, p: str, tables: List[FileTable]) -> None:
+    """What the workload adds to the tables of `cfg.tables_file`: materialization, data type, and one dim for
+    all tables (DLRM's interactions)."""
     _one_of(f"{p}.materialize", cfg.materialize, MATERIALIZE)
     _positive(f"{p}.scaled_max_gib", cfg.scaled_max_gib)
     _one_of(f"{p}.data_type", cfg.data_type, DATA_TYPES)
@@ -92,7 +90,7 @@ def _validate_tables(cfg: WorkloadConfig, p: str) -> None:
     _positive(f"{p}.scaled_max_gib", cfg.scaled_max_gib)
     _one_of(f"{p}.data_type", cfg.data_type, DATA_TYPES)
     _length(f"{p}.embedding_dims", cfg.embedding_dims, cfg.num_tables)
-    dims, dim_field = _dims(cfg, p)
+    dims, dim_field = _dims(cfg, p, None)
     for dim in dims:
         _positive(dim_field, dim, "embedding dims must be >= 1")
         if dim % FBGEMM_DIM_ALIGNMENT:
@@ -100,17 +98,14 @@ def _validate_tables(cfg: WorkloadConfig, p: str) -> None:
                                               f"{FBGEMM_DIM_ALIGNMENT}; use e.g. {dim + (-dim) % 4}")
 
 
-def _validate_inputs(cfg: WorkloadConfig, p: str) -> None:
+def _validate_inputs(cfg: WorkloadConfig, p: str, file_tables: Optional[List[FileTable]]) -> None:
     _positive(f"{p}.num_dense_features", cfg.num_dense_features, "need at least one dense feature")
     _one_of(f"{p}.generator", cfg.generator, GENERATORS)
-    if cfg.generator == "device" and cfg.tables_file:
-        from workloads.tables_file import has_id_histograms, load_tables
-
-        if has_id_histograms(load_tables(cfg)):
+    if file_tables is not None:
+        if cfg.generator == "device" and has_id_histograms(file_tables):
             raise ConfigError(f"{p}.generator", cfg.generator, "the device generator draws uniform and Zipf ids; "
                                                                "tables with an id histogram need generator=host")
-    if cfg.tables_file:  # each table's pooling and id law are checked where its line is read
-        return
+        return  # each table's pooling and id law were checked where its line was read
     pool = cfg.pooling
     _length(f"{p}.pooling.per_table_mean", pool.per_table_mean, cfg.num_tables)
     names = {name: f"{p}.pooling.{name}" for name in ("distribution", "min", "max", "mean", "pareto_alpha")}
@@ -126,7 +121,7 @@ def _validate_inputs(cfg: WorkloadConfig, p: str) -> None:
         raise ConfigError(f"{p}.ids.zipf_alpha", cfg.ids.zipf_alpha, "Zipf exponent must be in (0, 5]")
 
 
-def _validate_arch(cfg: WorkloadConfig, p: str) -> None:
+def _validate_arch(cfg: WorkloadConfig, p: str, file_tables: Optional[List[FileTable]]) -> None:
     _one_of(f"{p}.arch", cfg.arch, ARCHS)
     for name in ("dense_arch", "over_arch"):
         layers = list(getattr(cfg, name))
@@ -134,7 +129,7 @@ def _validate_arch(cfg: WorkloadConfig, p: str) -> None:
             raise ConfigError(f"{p}.{name}", layers, "give a non-empty list of layer sizes >= 1")
     if cfg.over_arch[-1] != 1:
         raise ConfigError(f"{p}.over_arch", list(cfg.over_arch), "the last layer must be 1 (the logit)")
-    dims, dim_field = _dims(cfg, p)
+    dims, dim_field = _dims(cfg, p, file_tables)
     if len(set(dims)) != 1:
         raise ConfigError(dim_field, dims, "DLRM interactions need one embedding dim for all tables")
     if cfg.dense_arch[-1] != dims[0]:

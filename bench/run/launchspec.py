@@ -26,6 +26,7 @@ from bench.results.store import atomic_write_json, atomic_write_text
 from workloads.pipelines import validate_pipeline
 from bench.run.config import CPU_MODES, SETUP_STEPS, RunConfig, to_run_config, with_setup_steps
 from workloads.spec import build_spec
+from workloads.tables_file import resolve_path
 from workloads.storage import materialized_bytes
 from workloads.units import GIB, MIB
 from workloads.validate import (COMPUTE_KERNELS, EMBEDDING_OPTIMIZERS_CPU_FUSED, ConfigError, check_host_memory,
@@ -232,19 +233,14 @@ def resolve_run(cfg: RunConfig, launch: LaunchSpec) -> RunConfig:
     """A copy of `cfg` with what the launch decides filled in: workload.global_batch_size -> the per-rank
     batch_size (refused when it does not split evenly over the ranks); warm-up steps raised to cover the
     one-time setup (SETUP_STEPS)."""
-    resolved = with_setup_steps(cfg)
+    resolved = copy.deepcopy(with_setup_steps(cfg))
     tables_file = cfg.workload.tables_file
     if tables_file and not Path(tables_file).is_absolute():
-        from workloads.tables_file import resolve_path
-
         try:  # recorded as found, so config.yaml names the file whatever directory the run started in
-            absolute = str(resolve_path(tables_file))
+            resolved.workload.tables_file = str(resolve_path(tables_file))
         except ValueError:
-            absolute = None  # validation names the problem
-        if absolute:
-            resolved = copy.deepcopy(resolved) if resolved is cfg else resolved
-            resolved.workload.tables_file = absolute
-    if resolved is not cfg and resolved.workload.warmup_steps != cfg.workload.warmup_steps:
+            pass  # validation names the problem
+    if resolved.workload.warmup_steps != cfg.workload.warmup_steps:
         print(f"[membench] workload.warmup_steps {cfg.workload.warmup_steps} -> {SETUP_STEPS}: the first "
               f"{SETUP_STEPS} steps build what is built once (optimizer state, DDP's rebuilt gradient buckets), "
               f"so the measured steps start after them", flush=True)
@@ -256,8 +252,6 @@ def resolve_run(cfg: RunConfig, launch: LaunchSpec) -> RunConfig:
         raise ConfigError("workload.global_batch_size", global_batch,
                           f"must be a positive multiple of the world size ({world_size}); e.g. "
                           f"{max(world_size, global_batch - global_batch % world_size)}")
-    if resolved is cfg:  # the caller's config stays as given
-        resolved = copy.deepcopy(cfg)
     resolved.workload.batch_size = global_batch // world_size
     return resolved
 
