@@ -41,7 +41,7 @@ def test_sweep_frame_has_a_row_per_rank_and_the_swept_axes_as_columns(results):
     breakdown = frame[[f"breakdown.{c}" for c in CATEGORIES]].sum(axis=1)
     assert (breakdown == frame["peak_bytes"]).all()  # the schema's promise holds in the table
     assert frame["peak_bytes"].dtype == "Int64"  # bytes stay integers, also where a value is missing
-    # the README's three lines
+    # the load_frame example's lines (docs/reports.md)
     by_batch = frame.groupby("workload.batch_size")["peak_bytes"].max()
     assert by_batch[16] == 23 * MIB
     assert set(frame.loc[frame["status"] == "oom", "workload.batch_size"]) == {16}

@@ -164,3 +164,20 @@ def test_frees_after_counting_stops_change_nothing_not_even_the_allocator_model(
     del kept
     assert tracker.live_bytes == 4000 and len(model.trace.entries()) == entries
     assert model.memory_stats()["allocated_bytes.all.current"] > 0
+
+
+def test_gloo_threads_are_found_by_the_name_in_their_stat_line(monkeypatch, tmp_path):
+    """One read of /proc/self/task/<tid>/stat gives a thread's name and state; a name may hold spaces and
+    parentheses (the state follows the last ')')."""
+    from bench.accounting import collectives
+
+    lines = {"11": "11 (pt_gloo_runloop) S 1 2 3", "12": "12 (python) R 1 2 3", "13": "13 (gloo_tcp_loop) R 1",
+             "14": "14 (odd (pt_gloo_runloop) x) R 1"}
+    for tid, line in lines.items():
+        (tmp_path / tid).mkdir()
+        (tmp_path / tid / "stat").write_text(line)
+    monkeypatch.setattr(collectives, "TASKS_DIR", tmp_path)
+    assert sorted(collectives._thread_states()) == ["R", "S"]
+    assert not collectives.gloo_threads_idle()  # gloo_tcp_loop is running
+    (tmp_path / "13" / "stat").write_text("13 (gloo_tcp_loop) D 1")
+    assert collectives.gloo_threads_idle()

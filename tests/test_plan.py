@@ -9,7 +9,8 @@ import pytest
 
 from bench.run.execute import compose_run_config
 from conftest import REPO_ROOT
-from bench.planning.estimate import FEATURES, DryRunModel, predict
+from bench.planning.dry_run import DryRunModel
+from bench.planning.estimate import FEATURES, predict
 from bench.planning.types import RankShare
 from bench.planning.calibration import fit_coefficients
 from workloads.spec import build_spec
@@ -98,3 +99,20 @@ def test_prediction_breakdown_for_a_table_wise_share():
     # Adam: two fp32 states per dense parameter, plus one step counter per parameter tensor
     assert dense.optimizer_bytes >= 2 * dense.params_bytes
     assert prediction.total_bytes == sum(prediction.breakdown.values())
+
+
+def test_the_dry_run_model_allocates_nothing_on_the_host():
+    """DCN's cross layers take no device argument: built under the dense device, a dry run on meta makes them
+    there (a terabyte workload's cross weights were once 1.6 GB allocated and initialized on the host), and its
+    tables get no optimizer (they are replaced by placeholders)."""
+    import torch
+
+    from workloads.model import build_model
+
+    spec = build_spec(compose_run_config(["workload=tiny", "workload.arch=dlrm_dcn"]).workload)
+    model = build_model(spec, torch.device("meta"), embedding_optimizer_attached=False)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert not any(hasattr(p, "_in_backward_optimizers") for p in model.parameters())
+    trained = build_model(spec, torch.device("meta"))
+    assert all(hasattr(p, "_in_backward_optimizers") for p in trained.model.sparse_arch.parameters())
+    assert DryRunModel(spec).params and {p.device.type for p in DryRunModel(spec).params} == {"meta"}

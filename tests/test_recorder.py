@@ -10,8 +10,9 @@ from torch import nn
 from bench.run.memory.cpu import CpuExactRecorder
 from bench.run.memory.cuda import CudaRecorder
 from bench.run.memory.cuda_stats import CudaAllocatorStats
-from bench.run.memory.nvml import NvmlSample
 from bench.results.schema import CATEGORIES
+
+from nvml_fakes import FakeSampler
 
 CPU = torch.device("cpu")
 
@@ -89,23 +90,6 @@ def test_failed_rank_reports_peak_of_its_segment(tmp_path):
 
 
 # -- CUDA backend on fakes -----------------------------------------------------------------------
-class FakeSampler:
-    def __init__(self, used):
-        self.used, self.started, self.stopped = used, False, False
-
-    def start(self):
-        self.started = True
-
-    def stop(self):
-        self.stopped = True
-
-    def sample_now(self):
-        return NvmlSample(0.0, self.used, 80 << 30, None, None)
-
-    def take_window_peak(self):  # no background thread here: the phase-end reading is the window
-        return None
-
-
 class FakeSnapshots:
     def __init__(self):
         self.calls = []

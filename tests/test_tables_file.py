@@ -18,7 +18,8 @@ from workloads.data import SyntheticBatches, batch_rng, draw_pooling
 from workloads.ids import draw_virtual_ids, to_physical
 from workloads.zipf_law import zipf_multiplier
 from workloads.spec import build_spec
-from workloads.tables_file import TABLES_DIR, HistogramIdsConfig, histogram_bucket_of, load_tables
+from workloads.id_histogram import HistogramIdsConfig, histogram_bucket_of
+from workloads.tables_file import TABLES_DIR, load_tables
 from workloads.validate import ConfigError, validate_workload
 
 EXAMPLE = "mlperf_criteo_1tb.csv"

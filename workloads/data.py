@@ -25,7 +25,7 @@ from workloads.ids import COMPILED_MIN_IDS, draw_virtual_ids, draw_zipf_grouped,
 from workloads.zipf_law import zipf_multiplier
 from workloads.spec import WorkloadSpec
 from workloads.rules import HISTOGRAM, POOLING_DISTRIBUTIONS
-from workloads.tables_file import draw_histogram_ids
+from workloads.id_histogram import draw_histogram_ids
 
 
 @dataclass

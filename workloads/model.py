@@ -49,8 +49,9 @@ def embedding_bag_configs(spec: WorkloadSpec) -> List["EmbeddingBagConfig"]:
     ]
 
 
-def build_model(spec: WorkloadSpec, dense_device: torch.device) -> nn.Module:
-    """DLRMTrain around DLRM / DLRM_DCN, embedding tables on meta, optimizer in backward attached."""
+def build_model(spec: WorkloadSpec, dense_device: torch.device, embedding_optimizer_attached: bool = True) -> nn.Module:
+    """DLRMTrain around DLRM / DLRM_DCN, embedding tables on meta, optimizer in backward attached (unless
+    `embedding_optimizer_attached` is false: a dry run of the dense part never shards the tables)."""
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -64,11 +65,16 @@ def build_model(spec: WorkloadSpec, dense_device: torch.device) -> nn.Module:
         over_arch_layer_sizes=list(cfg.over_arch),
         dense_device=dense_device,
     )
-    if cfg.arch == "dlrm_dcn":
-        dlrm = DLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **common)
-    else:
-        dlrm = DLRM(**common)
+    # DCN's cross layers take no device and start on the default one: made there directly, a dry run on
+    # meta never allocates (nor initializes) a terabyte workload's 1.6 GB of cross weights on the host
+    with dense_device:
+        if cfg.arch == "dlrm_dcn":
+            dlrm = DLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **common)
+        else:
+            dlrm = DLRM(**common)
     model = DLRMTrain(dlrm)
+    if not embedding_optimizer_attached:
+        return model
     optimizer_class, kwargs = embedding_optimizer(cfg.embedding_optimizer)
     _apply_optimizer_in_backward(optimizer_class, model.model.sparse_arch.parameters(),
                                  {"lr": cfg.embedding_lr, **kwargs})

@@ -19,7 +19,7 @@ class PipelineKind:
     torchrec_class: Optional[str]
     # why it cannot run on CPU ranks (None: it can)
     needs_cuda: Optional[str]
-    # what it holds beyond the batch being trained (README, CLI help, report)
+    # what it holds beyond the batch being trained (docs/pipelines.md, CLI help, report)
     holds: str
     # per phase: (whole batches, distributed KJTs) held beyond the batch being trained, at the phase's end. A
     # batch is held from when the pipeline fetches it: membench's batches are drawn on the rank's device (on a

@@ -31,7 +31,7 @@ class TableSpec:
     pooling_mean: float
     bytes_per_element: int
     # this table's pooling law (`mean` == pooling_mean, no per_table_mean) and id law (IdsConfig, or
-    # workloads.tables_file.HistogramIdsConfig): the workload's, or its line of workload.tables_file
+    # workloads.id_histogram.HistogramIdsConfig): the workload's, or its line of workload.tables_file
     pooling: PoolingConfig = field(default_factory=PoolingConfig, hash=False)
     ids: IdsConfig = field(default_factory=IdsConfig, hash=False)
 

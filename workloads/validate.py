@@ -13,7 +13,9 @@ from workloads.rules import (  # noqa: F401 (re-exported: the names every check 
     ARCHS, COMPUTE_KERNELS, DATA_TYPES, GENERATORS, EMBEDDING_OPTIMIZERS_CPU_FUSED, FBGEMM_DIM_ALIGNMENT, ID_DISTRIBUTIONS,
     MATERIALIZE, POOLING_DISTRIBUTIONS, ROWS_DISTRIBUTIONS, SHARDING_TYPES_CPU, SHARDING_TYPES_CUDA_ONLY,
     ConfigError, pooling_law_problem)
-from workloads.tables_file import FileTable, has_id_histograms, load_tables
+from workloads.id_histogram import has_id_histograms
+from workloads.tables_file import load_tables
+from workloads.tables_resolve import FileTable
 from workloads.units import GIB
 
 

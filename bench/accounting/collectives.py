@@ -11,6 +11,7 @@ gives up the overlap of communication with compute, which a CPU rank's memory fi
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Iterable, List
@@ -31,17 +32,27 @@ def works_in(values: Iterable[object]) -> List[Work]:
     return [Work.unbox(value) for value in values if isinstance(value, torch.ScriptObject)]
 
 
+def _read_small(path: str) -> str:
+    # os-level reads: a collective polls every thread's stat several times, pathlib's file objects cost 4x
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 512).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
 def _thread_states(names=GLOO_THREAD_NAMES) -> List[str]:
     """Scheduler state ('R' running, 'S' sleeping, ...) of each thread of this process named in `names`."""
     states = []
-    for task in TASKS_DIR.iterdir():
+    tasks = str(TASKS_DIR)
+    for tid in os.listdir(tasks):
         try:
-            if (task / "comm").read_text().strip() not in names:
-                continue
-            stat = (task / "stat").read_text()
+            # one read gives both: "tid (comm) state ..." (comm may itself hold spaces or parentheses)
+            stat = _read_small(f"{tasks}/{tid}/stat")
         except OSError:  # the thread ended between listing and reading
             continue
-        states.append(stat[stat.rindex(")") + 2])
+        if stat[stat.index("(") + 1:stat.rindex(")")] in names:
+            states.append(stat[stat.rindex(")") + 2])
     return states
 
 
@@ -52,7 +63,7 @@ def gloo_threads_idle() -> bool:
 def wait_until_gloo_idle(timeout_s: float = IDLE_TIMEOUT_S) -> bool:
     """Poll until every gloo thread is blocked (idle) on IDLE_READS_IN_A_ROW reads in a row; False after
     `timeout_s` without that, or where threads cannot be inspected (no /proc)."""
-    if not TASKS_DIR.is_dir():
+    if not os.path.isdir(TASKS_DIR):
         return False
     deadline = time.monotonic() + timeout_s
     idle_reads = 0

@@ -20,6 +20,7 @@ from bench.apps.run import JobOutcome
 from bench.results.schema import EXIT_INTERRUPTED, EXIT_INVALID, exit_code, worst_status
 from bench.results.store import sweep_statuses
 from bench.run.config import CONF_DIR, register_configs, register_resolvers
+from bench.run.quick_exit import skip_final_collection
 
 USAGE = """usage: membench <command> [hydra overrides...]
 
@@ -93,6 +94,7 @@ def run_hydra_app(command: str, rest: List[str], outcomes: List[JobOutcome]) -> 
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    skip_final_collection()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)

@@ -103,7 +103,7 @@ def torchrec_run(simulate: bool, out_dir: Path, log: CheckLog) -> None:
         import torchrec  # noqa: F401
     except Exception as err:  # noqa: BLE001 (any import failure means: no torchrec here)
         log.skip("torchrec workload", f"fbgemm-gpu / torchrec do not import here ({type(err).__name__}: "
-                                      f"{str(err).splitlines()[0][:120] if str(err) else ''}); README: Validating on a GPU")
+                                      f"{str(err).splitlines()[0][:120] if str(err) else ''}); see docs/gpu.md")
         return
     # simulated: two ranks, so torchrec's all-to-all buffers go through the allocator model too
     summary, _, tail = membench_run(out_dir, "model=torchrec", "workload=tiny", "workload.steps=3",

@@ -10,7 +10,8 @@ A test asks for `membench_entry` (parametrized over the suite's entries, marked 
     def test_memory(membench_entry, membench_check):
         membench_check(membench_entry)
 
-Each entry runs once per session (its own torchrun). Selected membench tests with no suite configured
+Each entry runs once per session (its own torchrun); `membench_run(entry)` hands other tests that run (its
+summary and directory), and `membench_entries` the suite's entries by name. Selected membench tests with no suite configured
 fail with one line naming the fix; they never skip, so a gate cannot go green by running nothing.
 """
 from __future__ import annotations
@@ -212,6 +213,30 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> None:
     missing = callspec.params.get("membench_entry") if callspec is not None else None
     if isinstance(missing, MissingSuite):
         pytest.fail(missing.message, pytrace=False)
+
+
+@pytest.fixture
+def membench_entries(request: pytest.FixtureRequest) -> Dict[str, SelectedEntry]:
+    """The entries of the suite configured for the requesting test's file, by name (empty without a suite)."""
+    state = request.config.stash[STATE_KEY]
+    settings = state.settings_for(Path(request.path))
+    if settings.suite_path is None:
+        return {}
+    suite = state.suite(settings.suite_path)
+    return {entry.name: SelectedEntry(entry, suite, settings) for entry in suite.entries}
+
+
+@pytest.fixture
+def membench_run(request: pytest.FixtureRequest):
+    """`membench_run(entry)` -> (summary, run directory) of an entry's run this session: the same run that
+    `membench_check` compares, launched on first use and shared by every test of this process (under
+    pytest-xdist, of the same worker: put such tests in the gate's file)."""
+    state = request.config.stash[STATE_KEY]
+
+    def run(selected: SelectedEntry):
+        return state.run(selected), state.run_dir(selected)
+
+    return run
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Random workloads from the space the README documents, for the predictor's generalization check.
+"""Random workloads from the documented space (docs/running.md, docs/plan.md), for the predictor's generalization check.
 
 `membench calibrate --validate N` runs N of them and scores the peak prediction on each; they are drawn
 from a seed (the same seed, the same workloads), never from a suite, so nothing the predictor is

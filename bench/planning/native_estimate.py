@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from bench.planning.estimate import keep_gradients
+from bench.planning.dry_run import keep_gradients
 from bench.planning.types import RankPrediction
 from workloads.spec import WorkloadSpec
 from workloads.units import UNBOUNDED_BYTES

@@ -17,7 +17,8 @@ def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[st
     """Plan on the meta device exactly as the workers will, then predict per-rank peaks."""
     import torch
 
-    from bench.planning.estimate import add_device_overheads, dry_run_for, predict, shares_from_plan
+    from bench.planning.dry_run import dry_run_for
+    from bench.planning.estimate import add_device_overheads, predict, shares_from_plan
     from bench.planning.torchrec_adapter import describe_plan, make_sharding_plan, torchrec_estimate_parts
     from workloads.model import build_model
     from workloads.spec import build_spec

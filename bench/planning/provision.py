@@ -14,7 +14,8 @@ from typing import List, Optional
 
 from bench.accounting.allocator_config import allocator_settings_for
 from bench.planning.calibration import CALIBRATION_DIR, Calibration, calibration_key, load_calibration
-from bench.planning.estimate import DryRunModel, add_device_overheads, dry_run_for, predict, shares_from_placement
+from bench.planning.dry_run import DryRunModel, dry_run_for
+from bench.planning.estimate import add_device_overheads, predict, shares_from_placement
 from bench.planning.greedy import place_greedy
 from bench.planning.torchrec_adapter import place_torchrec
 from bench.planning.types import Placement, PlacementError, PlanTarget, RankPrediction

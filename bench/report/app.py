@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Figures and a markdown report (report.md) from membench results.",
         epilog="examples:\n  membench report results/runs/sweep-20261202-150211-e51851\n"
-               "  membench report results/runs --out docs/report --format png\n\n"
+               "  membench report results/runs --out report --format png\n\n"
                "exit status: 0 report written, 2 no readable summary.json (or bad arguments)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path,

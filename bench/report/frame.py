@@ -26,7 +26,7 @@ no rank, e.g. an invalid config, is one row with an empty `rank`). Its columns:
   group, say) becomes columns the same way, with no change here.
 
 `load_timelines(paths)` is the ranks' timelines as one long table: run_id, sweep_id, point, rank, then
-the timeline_rank<R>.csv columns (time_s, step, phase, in_use_bytes, phase_peak_bytes, reserved_bytes,
+the `timeline_rank<R>.csv` columns (time_s, step, phase, in_use_bytes, phase_peak_bytes, reserved_bytes,
 device_used_bytes). Join it with load_frame on (run_id, rank).
 
 A file that cannot be read (a corrupt summary, a foreign file among the paths, a torn timeline) is

@@ -1,4 +1,4 @@
-"""Results schema: what a run records (summary.json, rank<R>.json), its statuses and their exit codes.
+"""Results schema: what a run records (`summary.json`, `rank<R>.json`), its statuses and their exit codes.
 
 Every rank's breakdown has the categories below and adds up to its `peak_bytes` (`complete_breakdown`).
 """

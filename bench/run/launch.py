@@ -25,6 +25,8 @@ from bench.results.store import ResultsError, load_rank_result, rank_file, write
 from bench.run.config import RunConfig
 from bench.run.launchspec import LaunchSpec, write_run_config
 from bench.run.reaper import KILL_GRACE_S, WORKER_MODULE, end_processes, end_run, wait_for_no_ranks
+
+AGENT_MODULE = "bench.run.agent"  # torchrun's agent (torch.distributed.run), ending quickly
 from bench.run.summary import now_iso, summary_for
 
 # One agent failed and another is still running after this long: stop waiting for it
@@ -50,7 +52,7 @@ class ProcessOutcome:
 def torchrun_commands(launch: LaunchSpec, run_dir: Path, run_id: str) -> List[List[str]]:
     """One torchrun agent per node started on this machine (one, unless spawn_all_nodes)."""
     worker = ["-m", WORKER_MODULE, "--run-dir", str(run_dir)]
-    common = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.ranks_per_node}",
+    common = [sys.executable, "-m", AGENT_MODULE, f"--nproc-per-node={launch.ranks_per_node}",
               "--max-restarts=0"]
     if not launch.multi_node:
         return [[*common, "--standalone", *worker]]  # single node: rendezvous on a free local port

@@ -28,7 +28,7 @@ from bench.run.launchspec import LaunchSpec, load_run_config, rank_cuda_index
 from workloads.pipelines import pipeline_kind
 from bench.run.pipelines import PipelinedTraining, after_step
 from workloads.data import SyntheticBatches
-from workloads.tables_file import has_id_histograms
+from workloads.id_histogram import has_id_histograms
 from workloads.spec import build_spec
 
 

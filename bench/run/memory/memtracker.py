@@ -1,6 +1,6 @@
 """`record.cpu_mode=memtracker`: PyTorch's own `MemTracker` counts instead of membench's tracker.
 
-A cross-check of the exact CPU accounting (tests/test_memtracker_reference.py): the same worker, model,
+A cross-check of the exact CPU accounting (tests/test_memory_regression.py): the same worker, model,
 batches and step order, with `torch.distributed._tools.mem_tracker.MemTracker` counting live storages.
 MemTracker applies every free when its weakref callback runs, on whatever thread drops the storage, so
 a gloo thread that releases a collective's buffer late moves its numbers in some runs: it is a

@@ -1,0 +1,275 @@
+"""The dense part of a training step on the meta device, counted by the live-tensor tracker of real runs: the
+dry run behind each rank's predicted peak (bench.planning.estimate).
+
+Nothing is allocated: the model's dense arch, interaction, over arch, loss, backward and dense optimizer run on
+`meta`, and the rank's sparse side (input and received ids, pooled lookups, the all-to-all buffers of forward
+and backward, the batches a train pipeline holds in flight) is simulated by placeholders with torchrec's
+lifetimes, so peaks that do not coincide are not simply added.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from bench.accounting.caching_allocator.replay import AllocationStream
+from bench.planning.types import RankShare
+from bench.results.schema import IN_FLIGHT
+from workloads.pipelines import PLAIN, PipelineKind, pipeline_kind
+from workloads.spec import WorkloadSpec
+from workloads.units import UNBOUNDED_BYTES
+
+# what the dry run holds of data-parallel tables, counted in the plan's share instead
+REPLICATED_CATEGORIES = ("embedding_weights", "embedding_grads", "embedding_optimizer")
+
+
+def keep_gradients(tracker, params, category: str) -> None:
+    """Give `params` persistent gradients, as DDP's buckets are (gradient_as_bucket_view): allocated once and
+    kept, backward adds into them, counted under `category`. Gradients made anew in every backward would
+    count the layers already done twice at a backward peak."""
+    import torch
+
+    with tracker:
+        tracker.category = category
+        for param in params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+    tracker.track_tensors([param.grad for param in params], category)
+
+
+def track_optimizer_state(tracker, optimizer, category: str) -> None:
+    """Count every tensor of `optimizer`'s state under `category`."""
+    import torch
+
+    for state in optimizer.state.values():
+        tracker.track_tensors([v for v in state.values() if isinstance(v, torch.Tensor)], category)
+
+
+@dataclass
+class DenseDryRun:
+    params_bytes: int
+    optimizer_bytes: int
+    peak_bytes: int  # params + grads + optimizer state + activations (+ simulated sparse buffers) at the peak
+    grads_bytes: int = 0  # the persistent gradient buckets (DDP)
+    in_flight_bytes: int = 0  # a train pipeline's batches held beyond the one trained, at the peak
+    # for a GPU: the dry run's mallocs and frees, in order, to replay through the caching allocator model
+    allocations: Optional[AllocationStream] = None
+
+
+class DryRunModel:
+    """The dense part of the model on `meta` (dense arch, interaction, over arch, dense optimizer),
+    built once and stepped with placeholders for what the sharded embeddings allocate on a rank, and for the
+    batches the train `pipeline` holds in flight."""
+
+    def __init__(self, spec: WorkloadSpec, pipeline: PipelineKind = PLAIN):
+        import torch
+        from torch import nn
+        from torchrec.sparse.jagged_tensor import KeyedTensor
+
+        from workloads.model import build_model, dense_optimizer_class
+
+        self.spec, self.meta = spec, torch.device("meta")
+        self.pipeline = pipeline
+        # what the pipeline holds now: whole batches, and distributed KJTs (tensors each), oldest first
+        self._held_batches: list = []
+        self._held_dists: list = []
+        cfg = spec.config
+        # the tables are replaced below: they need no optimizer (1,000 of them take 0.4 s to attach one to)
+        self.dlrm = build_model(spec, self.meta, embedding_optimizer_attached=False).model
+        self.params = [p for name, p in self.dlrm.named_parameters() if "sparse_arch" not in name]
+        self.optimizer = dense_optimizer_class(cfg.dense_optimizer)(self.params, lr=cfg.dense_lr)
+        self.keys = [t.feature_name for t in spec.tables]
+        self.dims = [t.embedding_dim for t in spec.tables]
+        self.pooled = None  # set per step: the KeyedTensor the sharded EBC would return
+        model = self
+
+        class PooledEmbeddings(nn.Module):
+            def forward(self, features):
+                # handed over, not kept: torchrec's sparse arch concatenates the pooled values and drops them
+                values, model.pooled = model.pooled, None
+                return KeyedTensor(keys=model.keys, length_per_key=model.dims, values=values)
+
+        self.dlrm.sparse_arch.embedding_bag_collection = PooledEmbeddings()
+
+    def run(self, share: Optional[RankShare] = None, world_size: int = 1, steps: int = 2,
+            record_allocations: bool = False) -> DenseDryRun:
+        """Two training steps counted by the live-tensor tracker. With a `share`, the sparse side of
+        the rank is simulated too: input ids, received ids (kept for the fused backward), the pooled
+        lookups and the all-to-all buffers of forward and backward, with the lifetimes torchrec gives them
+        (a collective's buffers go when the training thread drops them, as the CPU recorder counts them)."""
+        allocations = AllocationStream() if record_allocations else None
+        in_flight_at_peak = 0  # the pipeline's batches at the peak
+
+        def on_new_peak() -> None:
+            nonlocal in_flight_at_peak
+            if tracker is not None:  # (the tracker being built counts the static tensors: nothing in flight)
+                in_flight_at_peak = tracker.by_category.get(IN_FLIGHT, 0)
+
+        tracker = None
+        tracker = self._tracker(allocations, on_new_peak)
+        replicated = self._replicated_optimizer(tracker, share)
+        with tracker:
+            for _ in range(steps):
+                self._step(tracker, share, world_size, replicated)
+            self._held_batches.clear()
+            self._held_dists.clear()
+        # the replicated tables, their gradient buckets and optimizer state are in the plan's share already
+        replicated_bytes = sum(tracker.by_category.get(category, 0) for category in REPLICATED_CATEGORIES)
+        return DenseDryRun(params_bytes=tracker.by_category.get("dense_params", 0),
+                           optimizer_bytes=tracker.by_category.get("dense_optimizer", 0),
+                           peak_bytes=tracker.peak_bytes - replicated_bytes, allocations=allocations,
+                           grads_bytes=tracker.by_category.get("dense_grads", 0), in_flight_bytes=in_flight_at_peak)
+
+    def _replicated_optimizer(self, tracker, share: Optional[RankShare]):
+        """The data-parallel tables as meta parameters with persistent gradients (DDP's buckets) and the dense
+        optimizer over them (torchrec steps them with it): its step's temporaries are a full table's."""
+        import torch
+
+        from workloads.model import dense_optimizer_class
+
+        if share is None or not share.replicated_tables:
+            return None
+        cfg = self.spec.config
+        with tracker:
+            tracker.category = "embedding_weights"
+            params = [torch.nn.Parameter(torch.empty(rows, dim, device=self.meta)) for rows, dim in share.replicated_tables]
+        keep_gradients(tracker, params, "embedding_grads")
+        return dense_optimizer_class(cfg.dense_optimizer)(params, lr=cfg.dense_lr)
+
+    def _tracker(self, allocator=None, on_new_peak=None):
+        from bench.accounting.live_tensors import LiveTensorTracker
+
+        tracker = LiveTensorTracker(self.meta, capacity_bytes=UNBOUNDED_BYTES, rank=0, allocator=allocator,
+                                    on_new_peak=on_new_peak)
+        tracker.track_tensors(self.params, "dense_params")
+        track_optimizer_state(tracker, self.optimizer, "dense_optimizer")
+        keep_gradients(tracker, self.params, "dense_grads")
+        return tracker
+
+    def _empty(self, n, dtype=None):
+        import torch
+
+        return torch.empty(max(0, int(n)), dtype=dtype or torch.float32, device=self.meta)
+
+    def _step(self, tracker, share: Optional[RankShare], world_size: int, replicated=None) -> None:
+        """One training step; every tensor it allocates is gone when it returns."""
+        from torch import nn
+
+        cfg = self.spec.config
+        batch, total_dims = cfg.batch_size, sum(self.dims)
+        self._hold_in_flight(tracker, "input", share, world_size)
+        tracker.category = "activations"
+        dense, labels = self._empty(batch * cfg.num_dense_features).view(batch, -1), self._empty(batch)
+        held: list = []  # what the backward all-to-all allocates, until the step's backward is over
+        kept: list = []
+        if share is not None:
+            kept = self._sparse_forward(share, world_size, held)
+        else:
+            self.pooled = self._empty(batch * total_dims).view(batch, total_dims).requires_grad_()
+        self._hold_in_flight(tracker, "forward", share, world_size)
+        logits = self.dlrm(dense, None).squeeze(-1)
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        if self.pipeline.drops_trained_batch_after_forward and kept:
+            kept[0] = None  # the trained batch's ids and lengths
+        self._hold_in_flight(tracker, "backward", share, world_size)
+        loss.backward()
+        held.clear()
+        self._hold_in_flight(tracker, "optimizer", share, world_size)
+        tracker.category = "dense_optimizer"
+        self.optimizer.step()
+        if replicated is not None:
+            tracker.category = "activations"  # its step's temporaries; the state it creates is retagged below
+            replicated.step()
+            track_optimizer_state(tracker, replicated, "embedding_optimizer")
+        self.optimizer.zero_grad(set_to_none=False)  # the buckets stay
+        self.pooled = None
+
+    def _ids(self) -> list:
+        """A batch's ids and lengths (a KeyedJaggedTensor's values and lengths)."""
+        import torch
+
+        batch = self.spec.config.batch_size
+        total_pooling = sum(t.pooling_mean for t in self.spec.tables)
+        return [self._empty(batch * total_pooling, torch.int64), self._empty(len(self.dims) * batch, torch.int32)]
+
+    def _batch(self) -> list:
+        """One whole batch as the data stream makes it: ids, lengths, dense features, labels."""
+        cfg = self.spec.config
+        return self._ids() + [self._empty(cfg.batch_size * cfg.num_dense_features), self._empty(cfg.batch_size)]
+
+    def _distributed_kjt(self, share: Optional[RankShare], world_size: int) -> list:
+        """A batch's input all-to-all: the send copy of this rank's ids and lengths of the sharded tables (grouped
+        by destination), what it receives for the shards it looks up, and the splits (lengths and values per
+        peer); nothing when every table is data-parallel (no all-to-all)."""
+        import torch
+
+        batch = self.spec.config.batch_size
+        share = share or RankShare()
+        sent_pooling = sum(t.pooling_mean for t in self.spec.tables) - share.replicated_pooling
+        sent_features = len(self.spec.tables) - share.replicated_features
+        if sent_features <= 0:
+            return []
+        return [self._empty(batch * sent_pooling, torch.int64), self._empty(batch * sent_features, torch.int32),
+                self._empty(batch * world_size * share.sent_pooling, torch.int64),
+                self._empty(batch * world_size * share.sent_features, torch.int32),
+                self._empty(2 * world_size, torch.int64)]
+
+    def _hold_in_flight(self, tracker, phase: str, share: Optional[RankShare], world_size: int) -> None:
+        """Hold as many batches and distributed KJTs beyond the trained one as the pipeline does in `phase` (the
+        oldest go first: they became the trained batch)."""
+        batches, dists = self.pipeline.held(phase)
+        previous, tracker.category = tracker.category, IN_FLIGHT
+        for held, count, make in ((self._held_batches, batches, self._batch),
+                                  (self._held_dists, dists, lambda: self._distributed_kjt(share, world_size))):
+            del held[:max(0, len(held) - count)]
+            while len(held) < count:
+                held.append(make())
+        tracker.category = previous
+
+    def _sparse_forward(self, share: RankShare, world_size: int, held: list):
+        """The rank's sparse side up to the pooled embeddings the dense part consumes (`self.pooled`, handed
+        to the sparse arch); returns what stays alive until the step ends: ids and received ids."""
+        import torch
+
+        batch, total_dims = self.spec.config.batch_size, sum(self.dims)
+        sent = int(batch * world_size * share.sent_dims)
+        ids = self._ids()
+        received_ids = self._empty(batch * world_size * share.sent_pooling, torch.int64)
+        lookups = self._empty(sent)
+        send_copy, received = self._empty(sent), self._empty(batch * total_dims)  # registered copy, receive buffer
+        del lookups
+        # received is the output of torchrec's all-to-all, not a leaf (a leaf would live on in its AccumulateGrad
+        # node until backward ends): the gradient flows to an empty leaf instead
+        anchor = self._empty(0).requires_grad_()
+        self.pooled = self._all_to_all(sent, held, share).apply(anchor, received)
+        del send_copy  # freed once the collective is done
+        return [ids, received_ids]
+
+    def _all_to_all(self, sent: int, held: list, share: RankShare):
+        """The pooled embeddings' all-to-all as an autograd function whose backward allocates what
+        torchrec's does: a registered copy of the gradient, and the gradient of the lookups."""
+        import torch
+
+        batch, total_dims, empty = self.spec.config.batch_size, sum(self.dims), self._empty
+
+        class AllToAll(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, anchor, received):
+                return received.view(batch, total_dims)
+
+            @staticmethod
+            def backward(ctx, grad):
+                registered = empty(grad.numel())  # the gradient's send copy, freed once the collective is done
+                held.append(empty(sent))           # the lookups' gradient, until the fused backward consumed it
+                del registered
+                # data-parallel tables: the gradient of their pooled output, then their dense backward's gradient
+                # of the full tables, which is added into DDP's bucket and freed
+                replicated = [empty(batch * share.replicated_dims), empty(share.grad_bytes // 4)]
+                del replicated
+                return empty(0), None
+
+        return AllToAll
+
+
+def dry_run_for(cfg, spec: WorkloadSpec) -> DryRunModel:
+    """The dry-run model of a run config: its workload, trained through its pipeline."""
+    return DryRunModel(spec, pipeline_kind(cfg.pipeline.name))
