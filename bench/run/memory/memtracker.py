@@ -3,16 +3,23 @@
 A cross-check of the exact CPU accounting (tests/test_memory_regression.py): the same worker, model,
 batches and step order, with `torch.distributed._tools.mem_tracker.MemTracker` counting live storages.
 MemTracker applies every free when its weakref callback runs, on whatever thread drops the storage, so
-a gloo thread that releases a collective's buffer late moves its numbers in some runs: it is a
-reference, not baseline material. It has no categories of membench's: the breakdown is all `other`.
+a gloo thread that releases a collective's buffer late would move its numbers from run to run; as under
+membench's tracker, each collective is completed where it is launched (`CollectiveSettler`, a dispatch mode
+entered above MemTracker's: it sees the op after MemTracker has counted its outputs), after which only the
+training thread frees. It has no categories of membench's: the breakdown is all `other`.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Dict, Optional
 
-import torch
+import threading
 
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_iter
+
+from bench.accounting.collectives import complete_collectives
 from bench.results.schema import complete_breakdown
 from bench.run.memory.recorder import MemoryRecorder, PhaseSample, TrackingMixin
 
@@ -27,6 +34,22 @@ def restart_peak(tracker, device: torch.device, live_bytes: int) -> None:
     tracker._peak_mem_snap[device] = snapshot
 
 
+class CollectiveSettler(TorchDispatchMode):
+    """Completes each c10d op launched on this thread where it is launched (bench.accounting.collectives),
+    counting nothing; `unsettled` counts those whose gloo threads were not seen to let go."""
+
+    def __init__(self):
+        super().__init__()
+        self.unsettled = 0
+        self._owner_thread = threading.get_ident()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.namespace == "c10d" and threading.get_ident() == self._owner_thread:
+            self.unsettled += not complete_collectives(tree_iter(out))
+        return out
+
+
 class MemTrackerRecorder(TrackingMixin, MemoryRecorder):
     name = "memtracker"
 
@@ -36,7 +59,17 @@ class MemTrackerRecorder(TrackingMixin, MemoryRecorder):
 
         super().__init__(rank, device, capacity_bytes, timeline_path, warmup_steps)
         self.tracker = MemTracker()  # a dispatch mode too: TrackingMixin enters and leaves it
+        self._settler = CollectiveSettler()
         self._stats_step = None
+
+    def start(self) -> None:
+        super().start()
+        self._settler.__enter__()  # entered last, so it sees each op first and completes it after MemTracker
+
+    def stop(self) -> None:
+        if self._active:
+            self._settler.__exit__(None, None, None)
+        super().stop()
 
     def _freeze(self) -> None:
         pass  # MemTracker stops counting when its mode is left
