@@ -32,10 +32,16 @@ else
   echo "[install] no CUDA device found: using $fbgemm (CPU build)"
 fi
 
+# membench's own bytecode, written ahead (0.3 s; only what changed): with PYTHONDONTWRITEBYTECODE set, as on
+# this project's machines, every process would otherwise compile membench's modules anew (0.3 s of each
+# command, agent and rank)
+compile_sources() { "$venv/bin/python" -m compileall -q -j 0 "$repo_root/bench" "$repo_root/workloads" >/dev/null; }
+
 # Re-install only when the wanted set changed: keeps the two README commands fast on a warm machine.
 want="torch==$TORCH_VERSION $fbgemm torchrec==$TORCHREC_VERSION $(sha1sum "$repo_root/pyproject.toml" | cut -c1-12)"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   echo "[install] reusing $venv"
+  compile_sources
   exit 0
 fi
 
@@ -44,5 +50,6 @@ echo "[install] installing torch==$TORCH_VERSION, $fbgemm, torchrec==$TORCHREC_V
 "${pip[@]}" install --no-deps "torchrec==$TORCHREC_VERSION"
 echo "[install] installing membench and its dependencies"
 "${pip[@]}" install -e "$repo_root[test]"
+compile_sources
 echo "$want" > "$stamp"
 echo "[install] done: $venv"

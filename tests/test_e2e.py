@@ -15,8 +15,9 @@ DETERMINISTIC_FIELDS = ("peak_bytes", "breakdown", "peak_step", "peak_phase", "b
 
 @pytest.mark.slow
 def test_tiny_run_end_to_end_and_deterministic(cli):
-    # the same config and seed twice, as the two points of one sweep
-    run = cli("-m", "hardware=cpu", "workload.seed=0,0")
+    # the same config and seed twice, as the two points of one sweep: ranks forked from their agent, then
+    # each a fresh interpreter (as on CUDA)
+    run = cli("-m", "hardware=cpu", "launcher.fork_ranks=true,false")
     assert run.returncode == 0, run.output
     run_a, run_b = run.run_dirs()
     summary = json.loads((run_a / "summary.json").read_text())
@@ -40,7 +41,7 @@ def test_tiny_run_end_to_end_and_deterministic(cli):
     job = summary["job"]
     assert job["steps"] == 5 and job["step_time_ms_p50"] > 0 and job["samples_per_s"] > 0
     assert job["utilization_min"] <= job["utilization_mean"] <= job["utilization_max"]
-    # same config and seed: byte-identical accounting on every rank
+    # same config and seed, forked or not: byte-identical accounting on every rank
     other = json.loads((run_b / "summary.json").read_text())
     for mine, theirs in zip(summary["per_rank"], other["per_rank"]):
         for field in DETERMINISTIC_FIELDS:

@@ -52,7 +52,6 @@ def embedding_bag_configs(spec: WorkloadSpec) -> List["EmbeddingBagConfig"]:
 def build_model(spec: WorkloadSpec, dense_device: torch.device, embedding_optimizer_attached: bool = True) -> nn.Module:
     """DLRMTrain around DLRM / DLRM_DCN, embedding tables on meta, optimizer in backward attached (unless
     `embedding_optimizer_attached` is false: a dry run of the dense part never shards the tables)."""
-    from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -75,6 +74,9 @@ def build_model(spec: WorkloadSpec, dense_device: torch.device, embedding_optimi
     model = DLRMTrain(dlrm)
     if not embedding_optimizer_attached:
         return model
+    # imported here: torch.distributed.optim costs a dry run (which never attaches it) a second
+    from torch.distributed.optim import _apply_optimizer_in_backward
+
     optimizer_class, kwargs = embedding_optimizer(cfg.embedding_optimizer)
     _apply_optimizer_in_backward(optimizer_class, model.model.sparse_arch.parameters(),
                                  {"lr": cfg.embedding_lr, **kwargs})

@@ -16,6 +16,7 @@ from bench.run.memory.recorder import MemoryRecorder
 class Backend(Protocol):
     """What the worker needs of a model backend."""
     name: str
+    imports: Tuple[str, ...]  # modules build() imports
     # (category its step allocations are charged to, optimizer), stepped in order after backward
     optimizers: List[Tuple[str, torch.optim.Optimizer]]
     plan_rows: List[dict]  # where each table lives, in the shape of sharding_plan.json
@@ -38,6 +39,9 @@ class Backend(Protocol):
 
 class TorchrecBackend:
     name = "torchrec"
+    # what build() imports: an agent that forks its ranks imports them once for all (bench.run.agent)
+    imports = ("torchrec.distributed.model_parallel", "torchrec.distributed.sharding_plan", "torchrec.optim.keyed",
+               "torchrec.optim.optimizers", "workloads.model")
 
     def build(self, cfg, spec, launch, device: torch.device, rank: int, recorder: MemoryRecorder) -> None:
         from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -103,6 +107,7 @@ def install_comm_hooks(model, recorder: MemoryRecorder) -> int:
 
 class NativeBackend:
     name = "native"
+    imports = ("torch.nn.parallel", "workloads.model", "workloads.native")
 
     def build(self, cfg, spec, launch, device: torch.device, rank: int, recorder: MemoryRecorder) -> None:
         from torch.nn.parallel import DistributedDataParallel

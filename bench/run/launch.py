@@ -26,8 +26,10 @@ from bench.run.config import RunConfig
 from bench.run.launchspec import LaunchSpec, write_run_config
 from bench.run.reaper import KILL_GRACE_S, WORKER_MODULE, end_processes, end_run, wait_for_no_ranks
 
-AGENT_MODULE = "bench.run.agent"  # torchrun's agent (torch.distributed.run), ending quickly
+from bench.run.agent import FORK_RANKS_FLAG
 from bench.run.summary import now_iso, summary_for
+
+AGENT_MODULE = "bench.run.agent"  # torchrun's agent (torch.distributed.run), ending quickly
 
 # One agent failed and another is still running after this long: stop waiting for it
 LAGGING_AGENT_S = 6 * KILL_GRACE_S
@@ -49,10 +51,13 @@ class ProcessOutcome:
         return next((code for code in self.returncodes if code != 0), 0)
 
 
-def torchrun_commands(launch: LaunchSpec, run_dir: Path, run_id: str) -> List[List[str]]:
-    """One torchrun agent per node started on this machine (one, unless spawn_all_nodes)."""
+def torchrun_commands(launch: LaunchSpec, run_dir: Path, run_id: str, fork_ranks: bool = True) -> List[List[str]]:
+    """One torchrun agent per node started on this machine (one, unless spawn_all_nodes). With `fork_ranks`
+    (launcher.fork_ranks), off CUDA, the agent forks its ranks from itself after importing what they
+    import (bench.run.agent)."""
     worker = ["-m", WORKER_MODULE, "--run-dir", str(run_dir)]
-    common = [sys.executable, "-m", AGENT_MODULE, f"--nproc-per-node={launch.ranks_per_node}",
+    fork = [FORK_RANKS_FLAG] if fork_ranks and launch.device_type != DEVICE_CUDA else []
+    common = [sys.executable, "-m", AGENT_MODULE, *fork, f"--nproc-per-node={launch.ranks_per_node}",
               "--max-restarts=0"]
     if not launch.multi_node:
         return [[*common, "--standalone", *worker]]  # single node: rendezvous on a free local port
@@ -163,12 +168,18 @@ def reap_leftover_ranks(run_dir: Path, write: Callable[[str], None], grace_s: fl
 # torchrun's failure summary: "rank      : 1 (local_rank: 1)" followed by "exitcode  : -9 (pid: 123)"
 _FAILURE_RANK = re.compile(r"^\s*(?:\[node \d+\] )?\s*rank\s*:\s*(\d+)")
 _FAILURE_EXIT = re.compile(r"^\s*(?:\[node \d+\] )?\s*exitcode\s*:\s*(-?\d+)")
+# a forked rank's own line (bench.run.forked_rank.EXIT_LINE): torchrun names one failure per attempt there
+_FORKED_EXIT = re.compile(r"^(?:\[node \d+\] )?\[membench\] rank (\d+) exitcode (-?\d+) ")
 
 
 def rank_exit_codes(log_lines: List[str]) -> Dict[int, int]:
     """Exit codes torchrun reported per global rank in its failure summary."""
     codes, rank = {}, None
     for line in log_lines:
+        match = _FORKED_EXIT.match(line)
+        if match:
+            codes[int(match.group(1))] = int(match.group(2))
+            continue
         match = _FAILURE_RANK.match(line)
         if match:
             rank = int(match.group(1))
@@ -258,8 +269,9 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
     started_at = now_iso()
     log_path = run_dir / "launcher.log"
     try:
-        outcome = run_agents(torchrun_commands(launch, run_dir, run_id), worker_env(launch, cfg), log_path, run_dir,
-                             cfg.timeout_s, watchdog_s=cfg.launcher.watchdog_s, echo=echo)
+        commands = torchrun_commands(launch, run_dir, run_id, cfg.launcher.fork_ranks)
+        outcome = run_agents(commands, worker_env(launch, cfg), log_path, run_dir, cfg.timeout_s,
+                             watchdog_s=cfg.launcher.watchdog_s, echo=echo)
     except KeyboardInterrupt:
         write_interrupted(cfg, launch, run_dir, run_id, started_at, sweep_id)
         raise

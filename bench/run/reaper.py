@@ -1,9 +1,11 @@
 """Find and end every rank process of a run, so that no rank outlives it.
 
-torchrun starts each rank in its own session (`start_new_session=True`), so signalling the agent's process
-group does not reach the ranks, and a rank whose agent was killed first keeps running (on a GPU: keeping
-its CUDA context and memory, falsifying every later run). A rank is recognized by its command line
-(`-m bench.run.worker --run-dir <run_dir>`); its pid is also in its progress file `.progress_rank<R>`.
+torchrun starts each fresh-interpreter rank (CUDA, launcher.fork_ranks=false) in its own session
+(`start_new_session=True`), so signalling the agent's process group does not reach it, and a rank whose
+agent was killed first keeps running (on a GPU: keeping its CUDA context and memory, falsifying every later
+run). A rank is recognized by its command line, which names the worker and the run directory: a fresh one's
+is `-m bench.run.worker --run-dir <run_dir>`, a forked one's (bench.run.agent --fork-ranks) is its agent's,
+which ends the same way; its pid is also in its progress file `.progress_rank<R>`.
 """
 from __future__ import annotations
 

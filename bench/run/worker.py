@@ -153,11 +153,15 @@ def finish(run_dir: Path, recorder, synchronize) -> None:
     recorder.close()
 
 
-@record
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="membench rank worker (started by torchrun)")
     parser.add_argument("--run-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+@record
+def main(argv=None) -> int:
+    args = parse_args(argv)
     quiet_libraries()
     signal.signal(signal.SIGTERM, raise_terminated)
     cfg, launch = load_run_config(args.run_dir)
