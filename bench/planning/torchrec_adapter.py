@@ -365,3 +365,12 @@ def comm_modules(model) -> Iterable:
             for dist_module in getattr(module, attribute, None) or []:
                 if isinstance(dist_module, torch.nn.Module):
                     yield dist_module
+
+
+def skip_collective_validation() -> None:
+    """DistributedModelParallel asks rank 0 whether to validate collectives (`init_collective_validation`: a
+    broadcast of a pickled flag); an emulated rank has no rank 0 to answer, so the question is settled here
+    as torchrec's default answers it (validation off), before any model is built."""
+    from torchrec.distributed import collective_utils
+
+    collective_utils._INITIALIZED = True  # noqa: SLF001 (torchrec's own once-per-process guard)

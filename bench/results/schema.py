@@ -152,6 +152,8 @@ class RunSummary:
     sweep_id: Optional[str] = None
     # CUDA runs: the allocator configuration the ranks ran with (PYTORCH_CUDA_ALLOC_CONF, parsed)
     allocator: Optional[Dict[str, Any]] = None
+    # emulate.*: the one rank measured of a world_size-rank job, and how its peers were answered
+    emulated: Optional[Dict[str, Any]] = None
     schema_version: int = SCHEMA_VERSION
 
 

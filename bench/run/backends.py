@@ -53,8 +53,13 @@ class TorchrecBackend:
         from bench.planning.torchrec_adapter import describe_plan, make_sharding_plan
 
         model = build_model(spec, dense_device=device)
+        emulated = launch.emulated_rank is not None
+        if emulated:  # no rank 0 to plan and broadcast, nor to answer DMP's validation question: both local
+            from bench.planning.torchrec_adapter import skip_collective_validation
+
+            skip_collective_validation()
         plan, _ = make_sharding_plan(cfg, spec, launch.world_size, launch.ranks_per_node, launch.device_type,
-                                     launch.capacity_bytes, model, dist.GroupMember.WORLD)
+                                     launch.capacity_bytes, model, None if emulated else dist.GroupMember.WORLD)
         self.device = device
         self.model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=get_default_sharders())
         dense_params = dict(in_backward_optimizer_filter(self.model.named_parameters()))

@@ -105,6 +105,15 @@ class ModelConfig:
 
 
 @dataclass
+class EmulateConfig:
+    # One process trains rank `rank` of a `world_size`-rank job (bench.run.emulated_group: the peers answer
+    # as this rank would); null: a real run of hardware's ranks
+    world_size: Optional[int] = None
+    # a rank index, or auto: the rank the pre-launch prediction puts highest (ties: the lowest index)
+    rank: str = "auto"
+
+
+@dataclass
 class PipelineConfig:
     # plain (membench's loop) | base | sparse_dist | sparse_dist_lite | fused_sparse_dist | semi_sync (torchrec's
     # train pipelines; the last two need CUDA). What each holds in flight: workloads.pipelines.PIPELINES
@@ -154,6 +163,7 @@ class RunConfig:
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    emulate: EmulateConfig = field(default_factory=EmulateConfig)
     # train (launch under torchrun) | plan (estimate only, any world size) | provision; set by the command
     mode: str = "train"
     # Plan mode: ranks to plan for (default nodes x hardware.ranks_per_node); `nodes` overrides
@@ -170,7 +180,8 @@ class RunConfig:
 
 # Sections and fields added after results were recorded: hashed only when they differ from their default, so that
 # a config which does not use them keeps the hash its baselines (and earlier results) were recorded with
-HASHED_WHEN_SET = {"pipeline": {"name": "plain"}, "workload.tables_file": None, "workload.generator": "auto"}
+HASHED_WHEN_SET = {"pipeline": {"name": "plain"}, "workload.tables_file": None, "workload.generator": "auto",
+                   "emulate": {"world_size": None, "rank": "auto"}}
 
 
 def register_configs() -> None:

@@ -31,6 +31,15 @@ def compose_run_config(overrides: List[str]) -> RunConfig:
         return to_run_config(compose("config", overrides=list(overrides)))
 
 
+def invalid_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[str], err: ConfigError) -> RunSummary:
+    """A refused run: its one-line reason on stderr and in an `invalid` summary; nothing was launched."""
+    print(f"membench: {err}", file=sys.stderr)
+    summary = summary_for(cfg, run_id=run_id, status=Status.INVALID, world_size=0,
+                          device_type=cfg.hardware.device, error=str(err), sweep_id=sweep_id)
+    write_summary(run_dir, summary)
+    return summary
+
+
 def execute_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[str],
                 echo: bool = True) -> RunSummary:
     from bench.run.launch import launch_run
@@ -39,19 +48,17 @@ def execute_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[s
     try:
         cfg, launch = checked_run(cfg, *visible_cuda_devices(cfg))
     except ConfigError as err:
-        print(f"membench: {err}", file=sys.stderr)
-        summary = summary_for(cfg, run_id=run_id, status=Status.INVALID, world_size=0,
-                              device_type=cfg.hardware.device, error=str(err), sweep_id=sweep_id)
-        write_summary(run_dir, summary)
-        return summary
+        return invalid_run(cfg, run_dir, run_id, sweep_id, err)
     print(f"[membench] run {run_id}: workload={cfg.workload.name} on {launch.world_size} "
           f"{launch.device_type} rank(s) ({launch.dist_backend}); results in {run_dir}", flush=True)
-    local_ranks = launch.ranks_per_node * len(launch.local_node_ranks)
     total_steps = cfg.workload.warmup_steps + cfg.workload.steps
     # a run longer than a few seconds: where every rank is (rank 0 alone prints its steps)
-    with StepWatcher(run_dir, run_id, launch.world_size, total_steps, local_ranks,
-                     enabled=echo and cfg.record.timeline):
-        return launch_run(cfg, launch, run_dir, run_id, sweep_id=sweep_id, echo=echo)
+    with StepWatcher(run_dir, run_id, launch.world_size, total_steps, launch.local_processes,
+                     enabled=echo and cfg.record.timeline, ranks=launch.measured_ranks):
+        try:
+            return launch_run(cfg, launch, run_dir, run_id, sweep_id=sweep_id, echo=echo)
+        except ConfigError as err:  # what only the prediction can tell (emulate.*): refused before launch
+            return invalid_run(cfg, run_dir, run_id, sweep_id, err)
 
 
 def run_overrides(overrides: List[str], run_dir: Path, run_id: str, echo: bool = False) -> RunSummary:

@@ -57,7 +57,8 @@ def torchrun_commands(launch: LaunchSpec, run_dir: Path, run_id: str, fork_ranks
     import (bench.run.agent)."""
     worker = ["-m", WORKER_MODULE, "--run-dir", str(run_dir)]
     fork = [FORK_RANKS_FLAG] if fork_ranks and launch.device_type != DEVICE_CUDA else []
-    common = [sys.executable, "-m", AGENT_MODULE, *fork, f"--nproc-per-node={launch.ranks_per_node}",
+    ranks_per_agent = 1 if launch.emulated_rank is not None else launch.ranks_per_node
+    common = [sys.executable, "-m", AGENT_MODULE, *fork, f"--nproc-per-node={ranks_per_agent}",
               "--max-restarts=0"]
     if not launch.multi_node:
         return [[*common, "--standalone", *worker]]  # single node: rendezvous on a free local port
@@ -70,8 +71,7 @@ def torchrun_commands(launch: LaunchSpec, run_dir: Path, run_id: str, fork_ranks
 def worker_env(launch: LaunchSpec, cfg: Optional[RunConfig] = None) -> dict:
     env = dict(os.environ)
     # Share this machine's cores between the ranks it runs, instead of torchrun's blanket 1 thread.
-    local_ranks = launch.ranks_per_node * len(launch.local_node_ranks)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_ranks)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // launch.local_processes)))
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONWARNINGS"] = env.get("PYTHONWARNINGS", "ignore::FutureWarning")
     if cfg is not None and launch.device_type == DEVICE_CUDA:
@@ -205,7 +205,7 @@ def collect_ranks(run_dir: Path, launch: LaunchSpec, log_path: Path) -> Tuple[Li
     entry with what torchrun said about it."""
     ranks, problems = [], []
     exit_codes: Optional[Dict[int, int]] = None
-    for rank in range(launch.world_size):
+    for rank in launch.measured_ranks:
         path = rank_file(run_dir, rank)
         if path.exists():
             try:
@@ -223,12 +223,12 @@ def collect_ranks(run_dir: Path, launch: LaunchSpec, log_path: Path) -> Tuple[Li
     return ranks, problems
 
 
-def run_status(outcome: ProcessOutcome, ranks: List[RankResult], world_size: int) -> Status:
+def run_status(outcome: ProcessOutcome, ranks: List[RankResult], expected_ranks: int) -> Status:
     if any(r.status == Status.OOM for r in ranks):
         return Status.OOM
     if outcome.timed_out or outcome.stalled:
         return Status.TIMEOUT
-    if outcome.returncode == 0 and len(ranks) == world_size and all(r.status == Status.OK for r in ranks):
+    if outcome.returncode == 0 and len(ranks) == expected_ranks and all(r.status == Status.OK for r in ranks):
         return Status.OK
     return Status.FAILED
 
@@ -263,9 +263,14 @@ def failure_reason(status: str, outcome: ProcessOutcome, ranks: List[RankResult]
 
 def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *,
                sweep_id: Optional[str] = None, echo: bool = True) -> RunSummary:
+    from bench.run.emulation import check_rank_fits_host, emulation_record, with_rank, with_rank_config
+
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_run_config(run_dir, cfg, launch)
     estimate = try_predict_run(cfg, launch)
+    launch = with_rank(cfg, launch, estimate)  # ConfigError: refused before anything starts
+    check_rank_fits_host(launch, estimate)
+    cfg = with_rank_config(cfg, launch)
+    write_run_config(run_dir, cfg, launch)
     started_at = now_iso()
     log_path = run_dir / "launcher.log"
     try:
@@ -281,7 +286,7 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
                            world_size=launch.world_size, device_type=launch.device_type, started_at=started_at,
                            wall_s=round(outcome.wall_s, 3))
     ranks, problems = collect_ranks(run_dir, launch, log_path)
-    status = run_status(outcome, ranks, launch.world_size)
+    status = run_status(outcome, ranks, len(launch.measured_ranks))
     summary = summary_for(
         cfg, run_id=run_id, status=status, world_size=launch.world_size, device_type=launch.device_type,
         device_name=device_name(launch, cfg), started_at=started_at, wall_s=round(outcome.wall_s, 3),
@@ -291,7 +296,7 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
         per_rank=sorted(ranks, key=lambda r: r.rank),
         job=job_stats(ranks, cfg.workload.batch_size, cfg.workload.warmup_steps),
         sharding_plan=read_plan(run_dir),
-        estimate=score(estimate, ranks))
+        estimate=score(estimate, ranks), emulated=emulation_record(launch))
     write_summary(run_dir, summary)
     return summary
 
@@ -300,7 +305,7 @@ def write_interrupted(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id:
                       sweep_id: Optional[str]) -> None:
     """Ctrl-C: the run is recorded as failed (with whatever the ranks wrote) before the interrupt goes on."""
     ranks = []
-    for rank in range(launch.world_size):
+    for rank in launch.measured_ranks:
         try:
             ranks.append(load_rank_result(rank_file(run_dir, rank)))
         except ResultsError:

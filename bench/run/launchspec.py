@@ -12,7 +12,7 @@ import copy
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -20,6 +20,7 @@ import psutil
 from omegaconf import OmegaConf
 
 from bench.planning.types import PlanTarget
+from bench.run.launch_types import LaunchSpec
 from bench.results.schema import (DEVICE_CPU, DEVICE_CUDA, DEVICE_CUDA_SIMULATED, has_cuda_allocator,
                                   kernel_device)
 from bench.results.store import atomic_write_json, atomic_write_text
@@ -40,25 +41,6 @@ DEFAULT_GPU_RANKS_PER_NODE = 8
 # first as a collective error on its peers (failed), and a dead peer still cannot hang a job that runs
 # without the launcher watching.
 COLLECTIVE_TIMEOUT_FACTOR = 2
-
-
-@dataclass
-class LaunchSpec:
-    device_type: str  # cpu | cuda
-    dist_backend: str  # gloo | nccl
-    world_size: int
-    ranks_per_node: int
-    nodes: int
-    # per rank: the emulated capacity on CPU, the device's (capped) memory on CUDA
-    capacity_bytes: int
-    collective_timeout_s: int
-    # multi-node: where the c10d rendezvous lives, and which node agents this machine starts
-    rdzv_endpoint: str = ""
-    local_node_ranks: Tuple[int, ...] = (0,)
-
-    @property
-    def multi_node(self) -> bool:
-        return self.nodes > 1
 
 
 def cuda_device_count() -> int:
@@ -260,7 +242,9 @@ def checked_run(cfg: RunConfig, cuda_devices: int, device_memory_bytes: Optional
                 available_host_bytes: int | None = None) -> Tuple[RunConfig, LaunchSpec]:
     """(the resolved config, its launch) that `membench run` would start, or ConfigError for the first
     problem; nothing is launched or written."""
-    launch = resolve_launch(cfg, cuda_devices, device_memory_bytes)
+    from bench.run.emulation import emulated_launch
+
+    launch = emulated_launch(cfg, resolve_launch(cfg, cuda_devices, device_memory_bytes))
     resolved = resolve_run(cfg, launch)
     validate_run(resolved, launch, available_host_bytes)
     return resolved, launch
@@ -363,7 +347,7 @@ def _validate_materialized(cfg: RunConfig, launch: LaunchSpec, available_host_by
                           f"tables) and cannot be trained on this machine; use `membench plan "
                           f"workload={cfg.workload.name} hardware=h100_80g world_size=512`, or train a shrunk "
                           f"copy with workload.materialize=scaled")
-    if kernel_device(launch.device_type) == DEVICE_CPU:  # the tables are materialized in host memory
+    if kernel_device(launch.device_type) == DEVICE_CPU and cfg.emulate.world_size is None:  # tables in host RAM
         types = {cfg.sharding.type, *cfg.sharding.per_table.values()}
         replicas = launch.world_size if "data_parallel" in types else 1
         needed = replicas * sum(materialized_bytes(t, cfg.workload.embedding_optimizer) for t in spec.tables)

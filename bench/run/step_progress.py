@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 from bench.results.store import timeline_file
 
@@ -83,8 +83,10 @@ class StepWatcher:
 
     def __init__(self, run_dir: Path, run_id: str, world_size: int, total_steps: int,
                  local_ranks: Optional[int] = None, say: Callable[[str], None] = lambda line: print(line, flush=True),
-                 every_s: float = 10.0, after_s: float = 5.0, poll_s: float = 1.0, enabled: bool = True):
+                 every_s: float = 10.0, after_s: float = 5.0, poll_s: float = 1.0, enabled: bool = True,
+                 ranks: Optional[Sequence[int]] = None):
         self.run_dir, self.run_id = Path(run_dir), run_id
+        self.ranks = tuple(range(world_size)) if ranks is None else tuple(ranks)  # those that write timelines
         self.world_size, self.total_steps = world_size, total_steps
         self.local_ranks = world_size if local_ranks is None else local_ranks
         self.say, self.every_s, self.after_s, self.poll_s = say, every_s, after_s, poll_s
@@ -95,7 +97,7 @@ class StepWatcher:
 
     def positions(self) -> Dict[int, RankPosition]:
         found = {}
-        for rank in range(self.world_size):
+        for rank in self.ranks:
             position = last_position(timeline_file(self.run_dir, rank))
             if position is not None:
                 found[rank] = position

@@ -13,6 +13,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Tuple
 
 import torch
 import torch.distributed as dist
@@ -153,6 +154,23 @@ def finish(run_dir: Path, recorder, synchronize) -> None:
     recorder.close()
 
 
+def process_rank(launch: LaunchSpec) -> Tuple[int, int]:
+    """(global rank, local rank) this process trains: torchrun's, or the emulated one (emulate.*)."""
+    if launch.emulated_rank is not None:
+        return launch.emulated_rank, 0
+    return int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+
+
+def init_group(launch: LaunchSpec) -> None:
+    """The default process group: torchrun's rendezvous, or a group whose peers this process answers for."""
+    if launch.emulated_rank is not None:
+        from bench.run.emulated_group import init_emulated_group
+
+        init_emulated_group(launch.emulated_rank, launch.world_size)
+    else:
+        dist.init_process_group(backend=launch.dist_backend, timeout=timedelta(seconds=launch.collective_timeout_s))
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="membench rank worker (started by torchrun)")
     parser.add_argument("--run-dir", required=True, type=Path)
@@ -165,7 +183,7 @@ def main(argv=None) -> int:
     quiet_libraries()
     signal.signal(signal.SIGTERM, raise_terminated)
     cfg, launch = load_run_config(args.run_dir)
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    rank, local_rank = process_rank(launch)
     # the progress file also names this rank's pid, for operators (and the fault drills)
     progress_file(args.run_dir, rank).write_text(f"{os.getpid()}\n")
     if launch.device_type == DEVICE_CUDA:
@@ -177,7 +195,7 @@ def main(argv=None) -> int:
     else:
         device = torch.device("cpu")
     torch.manual_seed(cfg.workload.seed)
-    dist.init_process_group(backend=launch.dist_backend, timeout=timedelta(seconds=launch.collective_timeout_s))
+    init_group(launch)
     timeline = timeline_file(args.run_dir, rank) if cfg.record.timeline else None
     recorder = make_recorder(cfg, launch, rank, device, timeline, args.run_dir)
     recorder.heartbeat = lambda: heartbeat(args.run_dir, rank)

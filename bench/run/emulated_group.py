@@ -1,0 +1,139 @@
+"""A process group in which one process plays rank R of an N-rank job: every peer answers as R would.
+
+`emulate.world_size=N emulate.rank=R` trains rank R for real (its own shards at full size, its kernels and
+optimizers, the global-batch lookups its tables serve, the same recorder) in one process: each collective
+completes at once, its outputs filled with what the peers would send if each peer were this rank (the
+answer is "own data"; the run's summary says so). What that means for each collective:
+
+- all-to-all: peer p sends what R sends to itself (R's own chunk of the input). Where the chunk p would send
+  has another size (pooled embeddings of tables of other widths), its buffer, sized by the caller from the
+  plan, is filled by repeating R's own chunk: the sizes are the peers' and exact, the values are R's.
+- all-reduce: N copies of R's tensor (SUM multiplies by N; AVG, MAX, MIN leave it); all-gather: N copies;
+  reduce-scatter: N times R's own chunk; broadcast from another rank: the buffer stays as it is (R's own
+  values, as a peer identical to R would send them); barrier: done.
+
+Exact for memory wherever what a peer sends has a size that does not depend on its data: fixed pooling,
+data-parallel and dense collectives. With random pooling the peers' lengths are R's own, so the buffers
+sized from them follow R's batch, not each peer's: the result is marked as such.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import torch
+import torch.distributed as dist
+
+from bench.run.emulation import BACKEND_NAME
+
+
+def _done(result) -> "dist.Work":
+    """A work already completed with `result` (c10d's private constructor from a future: the one use)."""
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    future = torch.futures.Future()
+    future.set_result(result)
+    return _create_work_from_future(future)
+
+
+def _chunks(tensor: torch.Tensor, split_sizes: Sequence[int], world_size: int) -> List[torch.Tensor]:
+    sizes = list(split_sizes) if split_sizes else [tensor.shape[0] // world_size] * world_size
+    return list(torch.split(tensor, sizes, dim=0)) if tensor.dim() else [tensor]
+
+
+def _fill_from(target: torch.Tensor, source: torch.Tensor) -> None:
+    """`target` holds `source` (the same shape), or `source` repeated into its size (the values are R's)."""
+    if target.numel() == 0:
+        return
+    if target.shape == source.shape:
+        target.copy_(source)
+    elif source.numel() == 0:
+        target.zero_()
+    else:
+        flat = source.reshape(-1)
+        repeats = -(-target.numel() // flat.numel())
+        target.copy_(flat.repeat(repeats)[:target.numel()].view(target.shape))
+
+
+class EmulatedProcessGroup(dist.ProcessGroup):
+    """Rank `rank` of a `world_size`-rank group whose peers answer as this rank would."""
+
+    def __init__(self, rank: int, world_size: int):
+        super().__init__(rank, world_size)
+        self._rank, self._world = rank, world_size
+
+    def getBackendName(self) -> str:  # noqa: N802 (c10d's name)
+        return BACKEND_NAME
+
+    @property
+    def group_name(self) -> str:
+        """The name c10d registered this group under (DeviceMesh asks; a Python group does not hold it)."""
+        from torch.distributed.distributed_c10d import _world
+
+        return _world.pg_names[self]
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
+        own = _chunks(input, input_split_sizes, self._world)[self._rank]
+        for chunk in _chunks(output, output_split_sizes, self._world):
+            _fill_from(chunk, own)
+        return _done(output)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        own = input_tensors[self._rank]
+        for chunk in output_tensors:
+            _fill_from(chunk, own)
+        return _done(output_tensors)
+
+    def allreduce(self, tensors, opts=None):
+        if opts is not None and opts.reduceOp == dist.ReduceOp.SUM:
+            for tensor in tensors:
+                tensor.mul_(self._world)
+        return _done(tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        for outputs, tensor in zip(output_tensors, input_tensors):
+            for output in outputs:
+                output.copy_(tensor)
+        return _done(output_tensors)
+
+    def _allgather_base(self, output, input, opts=None):  # noqa: A002
+        for chunk in output.chunk(self._world, dim=0):
+            _fill_from(chunk, input)
+        return _done(output)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        for output, tensor in zip(outputs, inputs):
+            self._allgather_base(output, tensor)
+        return _done(outputs)
+
+    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
+        _fill_from(output, input.chunk(self._world, dim=0)[self._rank])
+        if opts is None or opts.reduceOp == dist.ReduceOp.SUM:
+            output.mul_(self._world)
+        return _done(output)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        for output, inputs in zip(output_tensors, input_tensors):
+            _fill_from(output, inputs[self._rank])
+            if opts is None or opts.reduceOp == dist.ReduceOp.SUM:
+                output.mul_(self._world)
+        return _done(output_tensors)
+
+    def broadcast(self, tensors, opts=None):
+        return _done(tensors)
+
+    def barrier(self, opts=None):
+        return _done(None)
+
+
+def _create(store, rank: int, world_size: int, timeout) -> EmulatedProcessGroup:
+    return EmulatedProcessGroup(rank, world_size)
+
+
+def init_emulated_group(rank: int, world_size: int) -> None:
+    """The default process group of this process: rank `rank` of `world_size`, peers emulated."""
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:  # noqa: SLF001 (registered once per process)
+        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+    dist.init_process_group(BACKEND_NAME, rank=rank, world_size=world_size, store=dist.HashStore())

@@ -1,0 +1,141 @@
+"""emulate.*: one process trains rank R of an N-rank job through a group whose peers answer as R would
+(bench.run.emulated_group, bench.run.emulation)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import run_here
+
+DETERMINISTIC_FIELDS = ("peak_bytes", "breakdown", "peak_step", "peak_phase", "build_peak_bytes",
+                        "warmup_peak_bytes", "capacity_bytes")
+
+
+def _opts(op):
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = op
+    return opts
+
+
+def test_each_peer_sends_what_the_rank_sends_itself_and_every_work_is_complete():
+    from bench.run.emulated_group import EmulatedProcessGroup
+
+    group = EmulatedProcessGroup(1, 4)
+    sent = torch.arange(10.0)  # splits 1, 2, 3, 4: rank 1 sends itself [1, 2]
+    received = torch.full((8,), -1.0)
+    work = group.alltoall_base(received, sent, [2, 2, 2, 2], [1, 2, 3, 4], None)
+    assert work.is_completed() and work.wait()
+    assert received.tolist() == [1.0, 2.0] * 4
+    # a peer whose chunk has another size (tables of other widths): the caller's buffer, R's values repeated
+    wider = torch.zeros(12)
+    group.alltoall_base(wider, sent, [3, 3, 3, 3], [1, 2, 3, 4], None)
+    assert wider.tolist() == [1.0, 2.0, 1.0] * 4
+    grads = [torch.ones(3)]
+    group.allreduce(grads, _opts(dist.ReduceOp.SUM))  # four peers, each holding this rank's tensor
+    assert grads[0].tolist() == [4.0] * 3
+    group.allreduce(grads, _opts(dist.ReduceOp.MAX))
+    assert grads[0].tolist() == [4.0] * 3
+    gathered = [[torch.zeros(2) for _ in range(4)]]
+    group.allgather(gathered, [torch.tensor([5.0, 6.0])], None)
+    assert [t.tolist() for t in gathered[0]] == [[5.0, 6.0]] * 4
+    assert group.barrier().is_completed()
+
+
+def _cpu_launch(**emulate):
+    from bench.run.config import RunConfig
+    from bench.run.emulation import emulated_launch
+    from bench.run.launchspec import resolve_launch
+
+    cfg = RunConfig()
+    for key, value in emulate.items():
+        setattr(cfg.emulate, key, value)
+    return cfg, emulated_launch(cfg, resolve_launch(cfg, 0))
+
+
+def test_an_emulated_launch_is_one_process_of_the_whole_job():
+    from bench.run.launch import torchrun_commands
+
+    cfg, launch = _cpu_launch(world_size=512, rank="5")
+    assert (launch.world_size, launch.emulated_rank, launch.measured_ranks, launch.local_processes) == (
+        512, 5, (5,), 1)
+    assert launch.ranks_per_node == 2 and launch.dist_backend == "membench_emulated"
+    (command,) = torchrun_commands(launch, __import__("pathlib").Path("/tmp/run"), "id")
+    assert "--nproc-per-node=1" in command
+    _, plain = _cpu_launch()
+    assert plain.emulated_rank is None and plain.measured_ranks == (0, 1)
+
+
+@pytest.mark.parametrize("emulate, field, says", [
+    ({"world_size": 0}, "emulate.world_size", "must be >= 1"),
+    ({"world_size": 4, "rank": "4"}, "emulate.rank", "a rank in 0..3, or auto"),
+    ({"world_size": 4, "rank": "last"}, "emulate.rank", "a rank index"),
+])
+def test_a_bad_emulation_is_refused_in_one_line_naming_the_field(emulate, field, says):
+    from workloads.validate import ConfigError
+
+    with pytest.raises(ConfigError, match=says) as err:
+        _cpu_launch(**emulate)
+    assert f"invalid config: {field}=" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_rank_auto_is_the_highest_predicted_rank_ties_to_the_lowest():
+    from bench.run.emulation import with_rank, with_rank_config
+    from workloads.validate import ConfigError
+
+    cfg, launch = _cpu_launch(world_size=4)
+    assert launch.emulated_rank is None
+    chosen = with_rank(cfg, launch, {"per_rank_peak": [5, 9, 2, 9]})
+    assert chosen.emulated_rank == 1 and with_rank_config(cfg, chosen).emulate.rank == "1"
+    with pytest.raises(ConfigError, match="name the rank"):
+        with_rank(cfg, launch, None)  # no prediction to pick from
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["torchrec", "native"])
+def test_an_emulated_rank_measures_what_that_rank_of_the_real_job_measures(tmp_path, model):
+    """Fixed pooling: what every peer sends has the size the plan and the batch fix, so rank R alone, its
+    peers answered with its own data, holds exactly the bytes rank R of the real 2-process gloo run does."""
+    common = ["hardware=cpu", f"model={model}", "sharding=table_wise", "workload.pooling.distribution=fixed"]
+    real = run_here(tmp_path / "real", *common)
+    assert real["status"] == "ok" and "emulated" not in real or real["emulated"] is None
+    emulated = run_here(tmp_path / "rank1", *common, "emulate.world_size=2", "emulate.rank=1")
+    assert emulated["status"] == "ok", emulated["error"]
+    assert emulated["world_size"] == 2 and emulated["emulated"] == {"rank": 1, "world_size": 2, "peers": "own_data"}
+    (mine,) = emulated["per_rank"]
+    theirs = next(rank for rank in real["per_rank"] if rank["rank"] == 1)
+    assert mine["rank"] == 1
+    for field in DETERMINISTIC_FIELDS:
+        assert mine[field] == theirs[field], field
+    assert (tmp_path / "rank1" / "rank1.json").exists() and not (tmp_path / "rank1" / "rank0.json").exists()
+    config = (tmp_path / "rank1" / "config.yaml").read_text()
+    assert "world_size: 2" in config and "rank: '1'" in config
+
+
+@pytest.mark.slow
+def test_rank_auto_of_a_64_rank_job_runs_the_rank_plan_mode_puts_highest(tmp_path):
+    summary = run_here(tmp_path / "run", "hardware=cpu", "emulate.world_size=64", "workload.steps=2")
+    assert summary["status"] == "ok", summary["error"]
+    peaks = summary["estimate"]["per_rank_peak"]
+    assert len(peaks) == 64 and summary["emulated"]["rank"] == peaks.index(max(peaks))
+    (rank,) = summary["per_rank"]
+    assert rank["rank"] == summary["emulated"]["rank"] and rank["peak_bytes"] > 0
+    error = summary["estimate"]["error_pct"][rank["rank"]]
+    assert error is not None and abs(error) < 10  # poisson pooling, peers answered with this rank's lengths
+    assert json.loads((tmp_path / "run" / "launch.json").read_text())["emulated_rank"] == rank["rank"]
+
+
+def test_a_rank_whose_share_does_not_fit_the_host_is_refused_naming_the_bytes():
+    import dataclasses
+
+    from bench.run.emulation import check_rank_fits_host
+    from workloads.validate import ConfigError
+
+    _, launch = _cpu_launch(world_size=4, rank="1")
+    estimate = {"per_rank_peak": [1, 10 << 30, 1, 1]}
+    with pytest.raises(ConfigError, match=r"rank 1 of 4 is predicted to need 10.0 GiB \(10737418240 B\)"):
+        check_rank_fits_host(launch, estimate, available_bytes=4 << 30)
+    check_rank_fits_host(launch, estimate, available_bytes=16 << 30)  # fits: nothing to say
+    check_rank_fits_host(dataclasses.replace(launch, emulated_rank=0), estimate, available_bytes=4 << 30)
