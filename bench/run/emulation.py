@@ -92,8 +92,12 @@ def with_rank_config(cfg: RunConfig, launch: LaunchSpec) -> RunConfig:
     return resolved
 
 
-def emulation_record(launch: LaunchSpec) -> Optional[Dict[str, Any]]:
-    """What the summary says of an emulated run."""
+def emulation_record(cfg: RunConfig, launch: LaunchSpec) -> Optional[Dict[str, Any]]:
+    """What the summary says of an emulated run: which rank of how many, how its peers were answered, and
+    whether that is exact (every table's pooling fixed: what a peer sends then has the size R's own has)."""
+    from workloads.spec import build_spec
+
     if launch.emulated_rank is None:
         return None
-    return {"rank": launch.emulated_rank, "world_size": launch.world_size, "peers": PEERS_ANSWER}
+    exact = all(table.pooling.distribution == "fixed" for table in build_spec(cfg.workload).tables)
+    return {"rank": launch.emulated_rank, "world_size": launch.world_size, "peers": PEERS_ANSWER, "exact": exact}

@@ -296,7 +296,7 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
         per_rank=sorted(ranks, key=lambda r: r.rank),
         job=job_stats(ranks, cfg.workload.batch_size, cfg.workload.warmup_steps),
         sharding_plan=read_plan(run_dir),
-        estimate=score(estimate, ranks), emulated=emulation_record(launch))
+        estimate=score(estimate, ranks), emulated=emulation_record(cfg, launch))
     write_summary(run_dir, summary)
     return summary
 
