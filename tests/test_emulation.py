@@ -121,6 +121,9 @@ def test_an_emulated_rank_measures_what_that_rank_of_the_real_job_measures(tmp_p
     for field in (*DETERMINISTIC_FIELDS, "peak_allocated_bytes", "peak_reserved_bytes", "allocator"):
         assert mine[field] == theirs[field], field
     assert (tmp_path / "rank1" / "rank1.json").exists() and not (tmp_path / "rank1" / "rank0.json").exists()
+    # the same plan as the real job's rank 0 broadcast, made locally
+    assert (tmp_path / "rank1" / "sharding_plan.json").read_text() == (tmp_path / "real" / "sharding_plan.json").read_text()
+    assert "step 8/8 done" in (tmp_path / "rank1" / "launcher.log").read_text()
     config = (tmp_path / "rank1" / "config.yaml").read_text()
     assert "world_size: 2" in config and "rank: '1'" in config
 

@@ -33,8 +33,8 @@ from workloads.id_histogram import has_id_histograms
 from workloads.spec import build_spec
 
 
-def log(rank: int, message: str) -> None:
-    if rank == 0:
+def log(speaks: bool, message: str) -> None:
+    if speaks:
         print(f"[membench] {message}", flush=True)
 
 
@@ -45,18 +45,19 @@ def train(cfg, launch: LaunchSpec, run_dir: Path, rank: int, device: torch.devic
     with recorder.phase(-1, "build"):
         backend.build(cfg, spec, launch, device, rank, recorder)
     recorder.attribute(backend.ownership())
-    if rank == 0:
+    speaks = rank == launch.measured_ranks[0]  # rank 0, or the one emulated: writes the plan, says the steps
+    if speaks:
         (run_dir / "sharding_plan.json").write_text(json.dumps(backend.plan_rows, indent=2) + "\n")
-    log(rank, f"built {len(spec.tables)} tables ({backend.name} backend) in {time.perf_counter() - t0:.1f} s; "
+    log(speaks, f"built {len(spec.tables)} tables ({backend.name} backend) in {time.perf_counter() - t0:.1f} s; "
               f"training {cfg.workload.warmup_steps} warm-up + {cfg.workload.steps} steps")
     batches = make_batches(cfg.workload.generator, spec, rank, launch.world_size, device)
     total_steps = cfg.workload.warmup_steps + cfg.workload.steps
     kind = pipeline_kind(cfg.pipeline.name)
     if kind.torchrec_class is None:
-        train_plain(backend, batches, recorder, total_steps, lambda message: log(rank, message))
+        train_plain(backend, batches, recorder, total_steps, lambda message: log(speaks, message))
     else:
-        log(rank, f"through torchrec's {kind.torchrec_class}; in flight: {kind.holds}")
-        PipelinedTraining(kind, backend, batches, recorder, lambda message: log(rank, message)).run(total_steps)
+        log(speaks, f"through torchrec's {kind.torchrec_class}; in flight: {kind.holds}")
+        PipelinedTraining(kind, backend, batches, recorder, lambda message: log(speaks, message)).run(total_steps)
     recorder.finish_steps()
 
 
