@@ -154,3 +154,32 @@ def test_a_rank_whose_share_does_not_fit_the_host_is_refused_naming_the_bytes():
         check_rank_fits_host(launch, estimate, available_bytes=4 << 30)
     check_rank_fits_host(launch, estimate, available_bytes=16 << 30)  # fits: nothing to say
     check_rank_fits_host(dataclasses.replace(launch, emulated_rank=0), estimate, available_bytes=4 << 30)
+
+
+@pytest.mark.parametrize("column_shard_dim, shards", [(None, [64]), (16, [16, 16, 16, 16])])
+def test_column_shard_dim_sets_how_wide_torchrecs_column_shards_are(column_shard_dim, shards):
+    """What makes a terabyte table's column-wise shards fit one emulated rank: torchrec's own minimum is
+    128 columns, so a 128-wide table stays whole without it."""
+    from bench.planning.torchrec_adapter import describe_plan, make_sharding_plan
+    from bench.run.config import RunConfig
+    from workloads.model import build_model
+    from workloads.spec import build_spec
+
+    cfg = RunConfig()
+    cfg.sharding.type, cfg.sharding.column_shard_dim = "column_wise", column_shard_dim
+    spec = build_spec(cfg.workload)  # tiny: 8 tables of 64 columns
+    model = build_model(spec, dense_device=torch.device("meta"), embedding_optimizer_attached=False)
+    plan, _ = make_sharding_plan(cfg, spec, 4, 4, "cpu", 4 << 30, model)
+    for row in describe_plan(plan):
+        assert [shard["sizes"][1] for shard in row["shards"]] == shards, row["table"]
+
+
+def test_a_column_shard_dim_below_one_is_refused():
+    from bench.run.config import RunConfig
+    from bench.run.launchspec import checked_run
+    from workloads.validate import ConfigError
+
+    cfg = RunConfig()
+    cfg.sharding.column_shard_dim = 0
+    with pytest.raises(ConfigError, match="sharding.column_shard_dim=0: must be >= 1"):
+        checked_run(cfg, 0)

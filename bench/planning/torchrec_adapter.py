@@ -79,8 +79,8 @@ def quiet_planner():
 
 
 # -- planner inputs ----------------------------------------------------------------------------------
-def parameter_constraints(spec: WorkloadSpec, sharding_type: str, per_table: Dict[str, str],
-                          compute_kernel: str) -> Dict[str, "ParameterConstraints"]:
+def parameter_constraints(spec: WorkloadSpec, sharding_type: str, per_table: Dict[str, str], compute_kernel: str,
+                          column_shard_dim: Optional[int] = None) -> Dict[str, "ParameterConstraints"]:
     from torchrec.distributed.planner.types import ParameterConstraints
 
     constraints = {}
@@ -95,6 +95,7 @@ def parameter_constraints(spec: WorkloadSpec, sharding_type: str, per_table: Dic
             sharding_types=None if chosen == "auto" else [chosen],
             compute_kernels=kernels,
             pooling_factors=[table.pooling_mean],
+            min_partition=column_shard_dim,
         )
     return constraints
 
@@ -146,8 +147,8 @@ class PlanCapture:
         return out
 
 
-def make_planner(spec: WorkloadSpec, topology, sharding_type: str, per_table: Dict[str, str],
-                 compute_kernel: str, timeout_seconds: Optional[int] = None):
+def make_planner(spec: WorkloadSpec, topology, sharding_type: str, per_table: Dict[str, str], compute_kernel: str,
+                 timeout_seconds: Optional[int] = None, column_shard_dim: Optional[int] = None):
     """(planner, capture): torchrec's default planner, its chosen plan recorded in `capture`."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
@@ -155,7 +156,7 @@ def make_planner(spec: WorkloadSpec, topology, sharding_type: str, per_table: Di
     planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=spec.config.batch_size,
-        constraints=parameter_constraints(spec, sharding_type, per_table, compute_kernel),
+        constraints=parameter_constraints(spec, sharding_type, per_table, compute_kernel, column_shard_dim),
         stats=[capture.as_stats()],  # and not torchrec's own stats table: noise in per-rank logs
         debug=False,
         timeout_seconds=timeout_seconds,
@@ -201,7 +202,7 @@ def make_sharding_plan(cfg, spec: WorkloadSpec, world_size: int, ranks_per_node:
         hbm_cap_bytes=capacity_bytes if compute_device == DEVICE_CUDA else None,
         ddr_cap_bytes=ddr_cap, local_world_size=ranks_per_node)
     planner, capture = make_planner(spec, topology, cfg.sharding.type, dict(cfg.sharding.per_table),
-                                    cfg.sharding.compute_kernel)
+                                    cfg.sharding.compute_kernel, column_shard_dim=cfg.sharding.column_shard_dim)
     sharders = get_default_sharders()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -70,6 +70,9 @@ class ShardingConfig:
     per_table: Dict[str, str] = field(default_factory=dict)
     # fused | dense | fused_uvm_caching (UVM caching needs CUDA); auto lets the planner pick
     compute_kernel: str = "auto"
+    # column_wise / table_column_wise: shards at least this many columns wide (torchrec's planner's
+    # `min_partition`; null: torchrec's own, 128, so a 128-wide table is one shard)
+    column_shard_dim: Optional[int] = None
 
 
 CPU_MODES = ("exact", "memtracker")
@@ -181,7 +184,7 @@ class RunConfig:
 # Sections and fields added after results were recorded: hashed only when they differ from their default, so that
 # a config which does not use them keeps the hash its baselines (and earlier results) were recorded with
 HASHED_WHEN_SET = {"pipeline": {"name": "plain"}, "workload.tables_file": None, "workload.generator": "auto",
-                   "emulate": {"world_size": None, "rank": "auto"}}
+                   "emulate": {"world_size": None, "rank": "auto"}, "sharding.column_shard_dim": None}
 
 
 def register_configs() -> None:

@@ -325,6 +325,8 @@ def _validate_sharding(cfg: RunConfig, device_type: str) -> None:
         if table not in names:
             raise ConfigError(f"sharding.per_table.{table}", sharding_type, f"no such table; tables are {listed}")
         validate_sharding_type(f"sharding.per_table.{table}", sharding_type, device_type, allow_auto=False)
+    if sharding.column_shard_dim is not None and sharding.column_shard_dim < 1:
+        raise ConfigError("sharding.column_shard_dim", sharding.column_shard_dim, "must be >= 1 (or null)")
     if sharding.compute_kernel not in COMPUTE_KERNELS:
         raise ConfigError("sharding.compute_kernel", sharding.compute_kernel,
                           f"use one of {', '.join(COMPUTE_KERNELS)}")
