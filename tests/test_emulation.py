@@ -93,12 +93,18 @@ def test_rank_auto_is_the_highest_predicted_rank_ties_to_the_lowest():
         with_rank(cfg, launch, None)  # no prediction to pick from
 
 
-CASES = {  # each a path of its own: torchrec's sharded kernels, the native backend, the allocator model
-    "torchrec table-wise": ["hardware=cpu", "sharding=table_wise"],
-    "native": ["hardware=cpu", "model=native"],
-    "simulated GPU, column-wise, DCN, sparse_dist pipeline": [
+# ranks that differ: six tables of uneven rows on four ranks
+UNEVEN = ["hardware=cpu", "hardware.ranks_per_node=4", "workload.num_tables=6",
+          "workload.rows_list=[2000,30000,5000,60000,1000,12000]", "workload.embedding_dim=32",
+          "workload.dense_arch=[64,32]", "workload.batch_size=128", "workload.steps=2"]
+CASES = {  # (overrides, world size, the rank emulated): each a path of its own
+    "torchrec table-wise": (["hardware=cpu", "sharding=table_wise"], 2, 1),
+    "torchrec column-wise, uneven": ([*UNEVEN, "sharding=column_wise", "sharding.column_shard_dim=8"], 4, 2),
+    "torchrec data-parallel, uneven": ([*UNEVEN, "sharding=data_parallel"], 4, 3),
+    "native, uneven": ([*UNEVEN, "model=native"], 4, 1),
+    "simulated GPU, column-wise, DCN, sparse_dist pipeline": ([
         "hardware=h100_80g", "hardware.simulate=true", "hardware.ranks_per_node=2", "sharding=column_wise",
-        "workload.arch=dlrm_dcn", "pipeline=sparse_dist"],
+        "workload.arch=dlrm_dcn", "pipeline=sparse_dist"], 2, 1),
 }
 
 
@@ -106,26 +112,29 @@ CASES = {  # each a path of its own: torchrec's sharded kernels, the native back
 @pytest.mark.parametrize("case", list(CASES))
 def test_an_emulated_rank_measures_what_that_rank_of_the_real_job_measures(tmp_path, case):
     """Fixed pooling: what every peer sends has the size the plan and the batch fix, so rank R alone, its
-    peers answered with its own data, holds exactly the bytes rank R of the real 2-process gloo run does
-    (and, on the simulated GPU, reserves what it does)."""
-    common = [*CASES[case], "workload.pooling.distribution=fixed"]
+    peers answered with its own data, holds exactly the bytes rank R of the real gloo job does (and, on the
+    simulated GPU, reserves what it does)."""
+    overrides, world_size, rank = CASES[case]
+    common = [*overrides, "workload.pooling.distribution=fixed"]
     real = run_here(tmp_path / "real", *common)
     assert real["status"] == "ok" and real["emulated"] is None, real["error"]
-    emulated = run_here(tmp_path / "rank1", *common, "emulate.world_size=2", "emulate.rank=1")
+    assert real["world_size"] == world_size
+    emulated = run_here(tmp_path / "rank", *common, f"emulate.world_size={world_size}", f"emulate.rank={rank}")
     assert emulated["status"] == "ok", emulated["error"]
-    assert emulated["world_size"] == 2
-    assert emulated["emulated"] == {"rank": 1, "world_size": 2, "peers": "own_data", "exact": True}
+    assert emulated["world_size"] == world_size
+    assert emulated["emulated"] == {"rank": rank, "world_size": world_size, "peers": "own_data", "exact": True}
     (mine,) = emulated["per_rank"]
-    theirs = next(rank for rank in real["per_rank"] if rank["rank"] == 1)
-    assert mine["rank"] == 1
+    theirs = next(result for result in real["per_rank"] if result["rank"] == rank)
+    assert mine["rank"] == rank
     for field in (*DETERMINISTIC_FIELDS, "peak_allocated_bytes", "peak_reserved_bytes", "allocator"):
         assert mine[field] == theirs[field], field
-    assert (tmp_path / "rank1" / "rank1.json").exists() and not (tmp_path / "rank1" / "rank0.json").exists()
+    run_dir = tmp_path / "rank"
+    assert (run_dir / f"rank{rank}.json").exists() and len(list(run_dir.glob("rank*.json"))) == 1
     # the same plan as the real job's rank 0 broadcast, made locally
-    assert (tmp_path / "rank1" / "sharding_plan.json").read_text() == (tmp_path / "real" / "sharding_plan.json").read_text()
-    assert "step 8/8 done" in (tmp_path / "rank1" / "launcher.log").read_text()
-    config = (tmp_path / "rank1" / "config.yaml").read_text()
-    assert "world_size: 2" in config and "rank: '1'" in config
+    assert (run_dir / "sharding_plan.json").read_text() == (tmp_path / "real" / "sharding_plan.json").read_text()
+    assert "step " in (run_dir / "launcher.log").read_text()
+    config = (run_dir / "config.yaml").read_text()
+    assert f"world_size: {world_size}" in config and f"rank: '{rank}'" in config
 
 
 @pytest.mark.slow
