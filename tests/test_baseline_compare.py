@@ -140,10 +140,11 @@ def test_baseline_schema_and_suite_errors_are_one_line(tmp_path):
 
 def test_ci_suite_covers_what_ci_needs():
     suite = load_suite(Path(__file__).resolve().parent.parent / "conf" / "suite" / "ci_cpu.yaml")
-    assert 4 <= len(suite.entries) <= 10  # each about 10 s of CI
+    assert 4 <= len(suite.entries) <= 11  # each about 10 s of CI (the emulated one, one process, about 5)
     text = " ".join(" ".join(e.overrides) for e in suite.entries)
     for needle in ("sharding=table_wise", "sharding=column_wise", "sharding=data_parallel", "dlrm_dcn", "zipf",
-                   "model=native", "pipeline=base", "pipeline=sparse_dist", "pipeline=sparse_dist_lite"):
+                   "model=native", "pipeline=base", "pipeline=sparse_dist", "pipeline=sparse_dist_lite",
+                   "emulate.world_size=64"):
         assert needle in text
     assert [e.expect for e in suite.entries].count("oom") == 1
     baselines = Path(__file__).resolve().parent.parent / "results" / "baselines" / "cpu"
