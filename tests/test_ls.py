@@ -79,3 +79,16 @@ def test_listing_rows_aggregate_a_sweep(results):
     assert sweep.world_sizes == [2] and sweep.max_peak_bytes == 23 * MIB
     assert sweep.path == results / SWEEP and len(sweep.run_ids) == 4
     assert listing_rows(runs, RunFilter.of(modes=["plan"])) == []
+
+
+def test_an_emulated_run_shows_the_rank_it_played_of_its_world():
+    from bench.report.listing import ListingRow
+
+    def row(ranks):
+        return ListingRow(id="x", kind="run", started_at="", workloads=["tiny"], hardware=["cpu"],
+                          world_sizes=[1024], statuses={"ok": 1}, max_peak_bytes=1, max_utilization=0.1,
+                          path=None, emulated_ranks=ranks)
+
+    assert ls.world_sizes(row([])) == "1024"
+    assert ls.world_sizes(row([5])) == "1024 (rank 5)"
+    assert ls.world_sizes(row([0, 1, 2])) == "1024 (3 ranks emulated)"

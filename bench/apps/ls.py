@@ -34,10 +34,15 @@ def joined(values, most: int = 2) -> str:
 
 
 def world_sizes(row: ListingRow) -> str:
+    """The world size(s); for emulated runs (emulate.*), which ranks of it ran."""
     sizes = row.world_sizes
     if not sizes:
         return "-"
-    return str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    text = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    ranks = row.emulated_ranks
+    if ranks:
+        text += f" (rank {ranks[0]})" if len(ranks) == 1 else f" ({len(ranks)} ranks emulated)"
+    return text
 
 
 def when(row: ListingRow) -> str:

@@ -57,6 +57,7 @@ class ListingRow:
     max_utilization: Optional[float]
     path: Path
     runs: int = 1  # runs listed (that matched)
+    emulated_ranks: List[int] = field(default_factory=list)  # emulate.*: the ranks its runs played
     total_runs: int = 1  # runs the sweep holds
     run_ids: List[str] = field(default_factory=list)
 
@@ -127,7 +128,8 @@ def row_of(runs: List[Run], ident: str, kind: str, path: Path, total_runs: int) 
         workloads=distinct(r.summary.workload for r in runs), hardware=distinct(r.summary.hardware for r in runs),
         world_sizes=sorted({r.summary.world_size for r in runs if r.summary.world_size}), statuses=statuses,
         max_peak_bytes=_max(p for p, _ in peaks), max_utilization=_max(u for _, u in peaks), path=path,
-        runs=len(runs), total_runs=total_runs, run_ids=[r.summary.run_id for r in runs])
+        runs=len(runs), total_runs=total_runs, run_ids=[r.summary.run_id for r in runs],
+        emulated_ranks=sorted({r.summary.emulated["rank"] for r in runs if r.summary.emulated}))
 
 
 def listing_rows(runs: Sequence[Run], selection: RunFilter = RunFilter(), flat: bool = False) -> List[ListingRow]:
