@@ -193,3 +193,20 @@ def test_a_column_shard_dim_below_one_is_refused():
     cfg.sharding.column_shard_dim = 0
     with pytest.raises(ConfigError, match="sharding.column_shard_dim=0: must be >= 1"):
         checked_run(cfg, 0)
+
+
+@pytest.mark.slow
+def test_a_sweep_over_the_ranks_reads_as_the_job_it_emulates(tmp_path, cli):
+    """`-m emulate.rank=0,1,2,3`: one process per rank; export (and the report) see one 4-rank job, whose
+    ranks and imbalance are the real 4-process job's."""
+    from bench.report.frame import load_frame
+
+    common = [*UNEVEN, "sharding=table_wise", "workload.pooling.distribution=fixed"]
+    real = run_here(tmp_path / "real", *common)
+    sweep = cli("-m", *common, "emulate.world_size=4", "emulate.rank=0,1,2,3")
+    assert sweep.returncode == 0, sweep.output
+    frame = load_frame(sweep.results_dir)
+    assert frame["run_id"].nunique() == 1 and sorted(frame["rank"]) == [0, 1, 2, 3]
+    measured = dict(zip(frame["rank"], frame["peak_bytes"]))
+    assert measured == {rank["rank"]: rank["peak_bytes"] for rank in real["per_rank"]}
+    assert frame["job.imbalance"].iloc[0] == pytest.approx(real["job"]["imbalance"], rel=1e-12)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from bench.report.loading import Run, flatten, load_runs
+from bench.report.emulated_jobs import merge_emulated_ranks
 from bench.report.messages import ReportError, WarningLog
 from bench.results.schema import CATEGORIES, RankResult
 
@@ -228,6 +229,7 @@ def load_frame(paths: Union[PathLike, Iterable[PathLike]], log: Optional[Warning
     """One row per run and rank of every summary.json under `paths` (see the module docstring)."""
     log = log if log is not None else WarningLog("membench export")
     runs, _ = load_runs(_as_paths(paths), skip=None, log=log, skip_bad_paths=True)
+    runs = merge_emulated_ranks(runs)  # a sweep over emulate.rank: one job's rows
     return typed_frame([row for run in runs for row in run_rows(run)])
 
 
@@ -237,6 +239,7 @@ def load_timelines(paths: Union[PathLike, Iterable[PathLike]], log: Optional[War
 
     log = log if log is not None else WarningLog("membench export")
     runs, _ = load_runs(_as_paths(paths), skip=None, log=log, skip_bad_paths=True)
+    runs = merge_emulated_ranks(runs)
     parts = []
     for run in runs:
         for rank, timeline in run.timelines().items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Sequence
 
+from bench.report.emulated_jobs import merge_emulated_ranks
 from bench.report.figures import FIGURES
 from bench.report.loading import load_runs
 from bench.report.markdown import Section, render_markdown
@@ -23,6 +24,7 @@ def write_report(paths: Sequence[Path], out: Path, formats: Sequence[str], log: 
     """Writes the figures and report.md under out; raises ReportError when there is nothing to report or
     out cannot be created."""
     runs, sweeps = load_runs(paths, skip=out.resolve(), log=log)
+    runs = merge_emulated_ranks(runs)  # a sweep over emulate.rank: the job it measured, rank by rank
     info(f"{len(runs)} runs loaded ({len(sweeps)} sweeps) from {', '.join(map(str, paths))}")
     try:
         out.mkdir(parents=True, exist_ok=True)
