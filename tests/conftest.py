@@ -12,6 +12,9 @@ from typing import List
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# a rank result's fields that repeat to the byte for a fixed config and seed (CPU accounting is exact)
+DETERMINISTIC_FIELDS = ("peak_bytes", "breakdown", "peak_step", "peak_phase", "build_peak_bytes",
+                        "warmup_peak_bytes", "capacity_bytes")
 
 
 @dataclass

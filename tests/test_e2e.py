@@ -6,11 +6,9 @@ import json
 
 import pytest
 
-from conftest import run_here
+from conftest import DETERMINISTIC_FIELDS, run_here
 
 RANK_FILES = ("rank{r}.json", "timeline_rank{r}.csv")
-DETERMINISTIC_FIELDS = ("peak_bytes", "breakdown", "peak_step", "peak_phase", "build_peak_bytes",
-                        "warmup_peak_bytes", "capacity_bytes")
 
 
 @pytest.mark.slow

@@ -8,10 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import run_here
+from conftest import DETERMINISTIC_FIELDS, run_here
 
-DETERMINISTIC_FIELDS = ("peak_bytes", "breakdown", "peak_step", "peak_phase", "build_peak_bytes",
-                        "warmup_peak_bytes", "capacity_bytes")
 
 
 def _opts(op):

@@ -167,11 +167,11 @@ def validate_sharding_type(field: str, value: str, device_type: str, allow_auto:
 USABLE_HOST_FRACTION = 0.8
 
 
-def check_host_memory(needed_bytes: int, available_bytes: int, field: str, value: Any) -> None:
-    """Refuse workloads whose materialized tables (weights and optimizer state, every replica) alone would
-    not fit in this machine's RAM."""
+def check_host_memory(needed_bytes: int, available_bytes: int, field: str, value: Any, needs: str = "",
+                      fix: str = "use workload.materialize=scaled workload.scaled_max_gib=<GiB>") -> None:
+    """Refuse what would not fit in this machine's RAM: by default a workload whose materialized tables
+    (weights and optimizer state, every replica) alone would not; `needs` says what else needs the bytes."""
     usable = USABLE_HOST_FRACTION * available_bytes
     if needed_bytes > usable:
-        raise ConfigError(field, value, f"materialized tables need about {needed_bytes / GIB:.1f} GiB of host "
-                                        f"RAM but only {usable / GIB:.1f} GiB is usable here; use "
-                                        f"workload.materialize=scaled workload.scaled_max_gib=<GiB>")
+        needs = needs or f"materialized tables need about {needed_bytes / GIB:.1f} GiB"
+        raise ConfigError(field, value, f"{needs} of host RAM but only {usable / GIB:.1f} GiB is usable here; {fix}")

@@ -11,11 +11,9 @@ from typing import Any, Dict, List, Tuple
 
 from bench.planning.predict import score
 from bench.report.loading import Run, natural_key
-from bench.results.schema import STATUS_EXIT_CODE, Status, job_stats
+from bench.results.schema import Status, exit_code, job_stats, worst_status
 
 RANK_KEY = "emulate.rank"
-# a job's status from its ranks': the worst wins
-STATUS_ORDER = (Status.OK, Status.OOM, Status.TIMEOUT, Status.FAILED, Status.INVALID)
 
 
 @dataclasses.dataclass
@@ -56,13 +54,13 @@ def merged_job(members: List[Run]) -> Run:
     members = sorted(members, key=lambda member: member.summary.emulated["rank"])
     first = members[0].summary
     per_rank = sorted((rank for member in members for rank in member.summary.per_rank), key=lambda r: r.rank)
-    status = max((Status(member.summary.status) for member in members), key=STATUS_ORDER.index)
+    status = worst_status(member.summary.status for member in members)  # a job's status: its worst rank's
     config = members[0].config
     job = job_stats(per_rank, int(config.get("workload.batch_size", 0)), int(config.get("workload.warmup_steps", 0)))
     ranks = [rank.rank for rank in per_rank]
     summary = dataclasses.replace(
-        first, run_id=f"{first.sweep_id or first.run_id}/ranks-{ranks[0]}-{ranks[-1]}", status=status.value,
-        exit_code=STATUS_EXIT_CODE[status], per_rank=per_rank, job=job,
+        first, run_id=f"{first.sweep_id or first.run_id}/ranks-{ranks[0]}-{ranks[-1]}", status=status,
+        exit_code=exit_code(status), per_rank=per_rank, job=job,
         oom_ranks=sorted(rank.rank for rank in per_rank if rank.status == Status.OOM),
         wall_s=sum(member.summary.wall_s for member in members),
         estimate=score(copy.deepcopy(first.estimate), per_rank),

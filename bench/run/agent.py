@@ -7,9 +7,8 @@ and exit status, each rank a fresh interpreter (`python -u -m bench.run.worker -
 `python -m bench.run.agent --fork-ranks ARGS -m bench.run.worker --run-dir DIR` (runs on CPU and on the
 simulated GPU): the agent imports what a rank imports, once, and torchrun forks each rank from it (its
 function entrypoint, start method `fork`; bench.run.forked_rank) instead of starting an interpreter per
-rank. The imports are
-most of a small run's CPU time (torch, torchrec, fbgemm and dynamo: 3-5 s per rank here), so a node pays
-them once instead of once per rank. A forked rank runs the same `bench.run.worker.main`, under the same
+rank. The imports are most of a small run's CPU time (torch, torchrec, fbgemm and dynamo: 3-5 s per rank
+here), so a node pays them once instead of once per rank. A forked rank runs the same `bench.run.worker.main`, under the same
 environment, rendezvous, exit codes and error files; its command line is the agent's (which names the
 worker and the run directory, so bench.run.reaper finds it as before). Never on CUDA: a child cannot use
 a CUDA context made before the fork, and the CUDA path keeps one fresh process per rank.

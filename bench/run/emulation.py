@@ -9,9 +9,13 @@ import copy
 import dataclasses
 from typing import Any, Dict, Optional
 
+import psutil
+
+from bench.results.schema import DEVICE_CPU, kernel_device
 from bench.run.config import RunConfig
 from bench.run.launch_types import LaunchSpec
-from workloads.validate import ConfigError
+from workloads.units import GIB
+from workloads.validate import ConfigError, check_host_memory
 
 AUTO = "auto"
 BACKEND_NAME = "membench_emulated"  # the process group's c10d backend name (bench.run.emulated_group)
@@ -64,23 +68,16 @@ def check_rank_fits_host(launch: LaunchSpec, estimate: Optional[Dict[str, Any]],
                          available_bytes: Optional[int] = None) -> None:
     """An emulated rank on CPU holds its own shards and buffers in this machine's RAM: refuse it, before it
     starts, when its predicted peak would not fit (the whole job's tables are never needed here)."""
-    from bench.results.schema import DEVICE_CPU, kernel_device
-    from workloads.units import GIB
-    from workloads.validate import USABLE_HOST_FRACTION
-
     peaks = (estimate or {}).get("per_rank_peak") or []
     if launch.emulated_rank is None or kernel_device(launch.device_type) != DEVICE_CPU or not peaks:
         return
     if available_bytes is None:
-        import psutil
-
         available_bytes = psutil.virtual_memory().available
-    needed, usable = peaks[launch.emulated_rank], USABLE_HOST_FRACTION * available_bytes
-    if needed > usable:
-        raise ConfigError("emulate.rank", launch.emulated_rank,
-                          f"rank {launch.emulated_rank} of {launch.world_size} is predicted to need "
-                          f"{needed / GIB:.1f} GiB ({needed} B) of host RAM, {usable / GIB:.1f} GiB is usable here; "
-                          f"emulate a larger world size (a smaller share per rank) or a smaller workload")
+    needed = peaks[launch.emulated_rank]
+    check_host_memory(needed, available_bytes, "emulate.rank", launch.emulated_rank,
+                      needs=f"rank {launch.emulated_rank} of {launch.world_size} is predicted to need "
+                            f"{needed / GIB:.1f} GiB ({needed} B)",
+                      fix="emulate a larger world size (a smaller share per rank) or a smaller workload")
 
 
 def with_rank_config(cfg: RunConfig, launch: LaunchSpec) -> RunConfig:

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import traceback
+from typing import NoReturn
 
 from bench.results.schema import EXIT_FAILED, EXIT_OK
 
@@ -24,7 +25,7 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUI
 EXIT_LINE = "[membench] rank {rank} exitcode {code} (pid {pid})"  # bench.run.launch parses it
 
 
-def _run_rank(argv) -> None:
+def _run_rank(argv) -> NoReturn:
     from bench.run import worker
 
     code = EXIT_FAILED
@@ -40,7 +41,7 @@ def _run_rank(argv) -> None:
         os._exit(code)
 
 
-def _end_like(status: int) -> None:
+def _end_like(status: int) -> NoReturn:
     """End this process as the rank ended: the same signal, or the same exit code."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -67,4 +68,3 @@ def forked_rank(*argv: str) -> int:
         return EXIT_OK  # torchrun counts the rank done once its entrypoint returns
     print(EXIT_LINE.format(rank=os.environ.get("RANK", "?"), code=code, pid=pid), flush=True)
     _end_like(status)
-    return code

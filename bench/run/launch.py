@@ -22,11 +22,11 @@ from bench.planning.predict import score, try_predict_run
 from bench.results.schema import (DEVICE_CUDA, DEVICE_CUDA_SIMULATED, RankResult, RunSummary, Status,
                                   has_cuda_allocator, job_stats)
 from bench.results.store import ResultsError, load_rank_result, rank_file, write_summary
+from bench.run.agent import FORK_RANKS_FLAG
 from bench.run.config import RunConfig
+from bench.run.emulation import check_rank_fits_host, emulation_record, with_rank, with_rank_config
 from bench.run.launchspec import LaunchSpec, write_run_config
 from bench.run.reaper import KILL_GRACE_S, WORKER_MODULE, end_processes, end_run, wait_for_no_ranks
-
-from bench.run.agent import FORK_RANKS_FLAG
 from bench.run.summary import now_iso, summary_for
 
 AGENT_MODULE = "bench.run.agent"  # torchrun's agent (torch.distributed.run), ending quickly
@@ -173,7 +173,7 @@ _FORKED_EXIT = re.compile(r"^(?:\[node \d+\] )?\[membench\] rank (\d+) exitcode 
 
 
 def rank_exit_codes(log_lines: List[str]) -> Dict[int, int]:
-    """Exit codes torchrun reported per global rank in its failure summary."""
+    """Exit codes per global rank: torchrun's failure summary's, overridden by a forked rank's own line."""
     codes, rank = {}, None
     for line in log_lines:
         match = _FORKED_EXIT.match(line)
@@ -263,8 +263,6 @@ def failure_reason(status: str, outcome: ProcessOutcome, ranks: List[RankResult]
 
 def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *,
                sweep_id: Optional[str] = None, echo: bool = True) -> RunSummary:
-    from bench.run.emulation import check_rank_fits_host, emulation_record, with_rank, with_rank_config
-
     run_dir.mkdir(parents=True, exist_ok=True)
     estimate = try_predict_run(cfg, launch)
     launch = with_rank(cfg, launch, estimate)  # ConfigError: refused before anything starts
