@@ -138,6 +138,8 @@ def test_an_emulated_rank_measures_what_that_rank_of_the_real_job_measures(tmp_p
 
 @pytest.mark.slow
 def test_rank_auto_of_a_64_rank_job_runs_the_rank_plan_mode_puts_highest(tmp_path):
+    """At 64 ranks torchrec's plan mixes sharding types: each its own pooled all-to-all, whose receive buffers
+    do not all live at once (the dry run once sent them as one and was 2.5 % off; 0.1 % now)."""
     summary = run_here(tmp_path / "run", "hardware=cpu", "emulate.world_size=64", "workload.steps=2")
     assert summary["status"] == "ok", summary["error"]
     peaks = summary["estimate"]["per_rank_peak"]
@@ -146,8 +148,23 @@ def test_rank_auto_of_a_64_rank_job_runs_the_rank_plan_mode_puts_highest(tmp_pat
     (rank,) = summary["per_rank"]
     assert rank["rank"] == summary["emulated"]["rank"] and rank["peak_bytes"] > 0
     error = summary["estimate"]["error_pct"][rank["rank"]]
-    assert error is not None and abs(error) < 10  # poisson pooling, peers answered with this rank's lengths
+    # poisson pooling, peers answered with this rank's lengths: the issue's goal is 1 %
+    assert error is not None and abs(error) <= 1.0, error
     assert json.loads((tmp_path / "run" / "launch.json").read_text())["emulated_rank"] == rank["rank"]
+
+
+@pytest.mark.slow
+def test_a_pipelined_run_is_rescored_with_its_pipeline(tmp_path):
+    """`membench calibrate` re-scores finished runs: a sparse-dist run's batch in flight once went missing
+    there (its held-out error read -4 % while the run's own prediction was 0.05 % off)."""
+    from bench.apps.scored_runs import points_from_run_dir
+
+    summary = run_here(tmp_path / "run", "hardware=cpu", "emulate.world_size=2", "emulate.rank=0",
+                       "workload.steps=2", "pipeline=sparse_dist")
+    assert summary["status"] == "ok", summary["error"]
+    (point,) = points_from_run_dir(tmp_path / "run", "rank")
+    assert point.fixed == summary["estimate"]["per_rank_fixed"][0]
+    assert abs(summary["estimate"]["error_pct"][0]) <= 0.2, summary["estimate"]["error_pct"]
 
 
 def test_a_rank_whose_share_does_not_fit_the_host_is_refused_naming_the_bytes():

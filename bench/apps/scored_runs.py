@@ -32,6 +32,7 @@ def points_from_run_dir(run_dir: Path, label: str) -> List[Point]:
 
     from bench.run.launchspec import load_run_config
     from bench.results.store import load_summary
+    from bench.planning.dry_run import dry_run_for
     from bench.planning.estimate import shares_from_plan, predict
     from workloads.spec import build_spec
 
@@ -47,7 +48,7 @@ def points_from_run_dir(run_dir: Path, label: str) -> List[Point]:
         return [Point(label, r.rank, r.peak_bytes, native[r.rank].total_bytes, {}, None, "native")
                 for r in summary.per_rank]
     shares = shares_from_plan(json.loads((run_dir / "sharding_plan.json").read_text()), spec, launch.world_size)
-    predictions = predict(spec, shares, {})
+    predictions = predict(spec, shares, {}, dry_run_for(cfg, spec))  # its pipeline holds batches in flight
     torchrec = (summary.estimate or {}).get("torchrec_per_rank_peak") or [0] * launch.world_size
     return [Point(label, r.rank, r.peak_bytes, predictions[r.rank].total_bytes, predictions[r.rank].features,
                   torchrec[r.rank]) for r in summary.per_rank]

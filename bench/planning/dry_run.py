@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from bench.accounting.caching_allocator.replay import AllocationStream
-from bench.planning.types import RankShare
+from bench.planning.types import PooledGroup, RankShare
 from bench.results.schema import IN_FLIGHT
 from workloads.pipelines import PLAIN, PipelineKind, pipeline_kind
 from workloads.spec import WorkloadSpec
@@ -80,11 +80,15 @@ class DryRunModel:
         self.keys = [t.feature_name for t in spec.tables]
         self.dims = [t.embedding_dim for t in spec.tables]
         self.pooled = None  # set per step: the KeyedTensor the sharded EBC would return
+        self._sparse_side = None  # set per step: makes the pooled values when the sparse arch runs
         model = self
 
         class PooledEmbeddings(nn.Module):
             def forward(self, features):
-                # handed over, not kept: torchrec's sparse arch concatenates the pooled values and drops them
+                # the sparse side runs here, after the dense arch (DLRM.forward's order: the bottom MLP's
+                # activations are alive during the all-to-all); the pooled values are handed over, not kept:
+                # torchrec's sparse arch concatenates them and drops them
+                model.pooled = model._sparse_side()
                 values, model.pooled = model.pooled, None
                 return KeyedTensor(keys=model.keys, length_per_key=model.dims, values=values)
 
@@ -160,13 +164,22 @@ class DryRunModel:
         tracker.category = "activations"
         dense, labels = self._empty(batch * cfg.num_dense_features).view(batch, -1), self._empty(batch)
         held: list = []  # what the backward all-to-all allocates, until the step's backward is over
-        kept: list = []
+        kept: list = []  # what the sparse side keeps until the step ends (the trained batch's ids first)
+        forward_only: list = []  # what it keeps until the forward ends
         if share is not None:
-            kept = self._sparse_forward(share, world_size, held)
+            kept.append(self._ids())
+
+            def sparse_side():
+                kept.append(self._sparse_forward(share, world_size, held, forward_only))
+                return self.pooled
         else:
-            self.pooled = self._empty(batch * total_dims).view(batch, total_dims).requires_grad_()
+            def sparse_side():
+                return self._empty(batch * total_dims).view(batch, total_dims).requires_grad_()
+        self._sparse_side = sparse_side
         self._hold_in_flight(tracker, "forward", share, world_size)
         logits = self.dlrm(dense, None).squeeze(-1)
+        self._sparse_side = None  # its closure holds `kept`: nothing of the step may outlive it
+        forward_only.clear()
         loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
         if self.pipeline.drops_trained_batch_after_forward and kept:
             kept[0] = None  # the trained batch's ids and lengths
@@ -225,49 +238,75 @@ class DryRunModel:
                 held.append(make())
         tracker.category = previous
 
-    def _sparse_forward(self, share: RankShare, world_size: int, held: list):
+    def _sparse_forward(self, share: RankShare, world_size: int, held: list, forward_only: list):
         """The rank's sparse side up to the pooled embeddings the dense part consumes (`self.pooled`, handed
-        to the sparse arch); returns what stays alive until the step ends: ids and received ids."""
+        to the sparse arch); returns what stays alive until the step ends: the received ids and the lookup
+        kernel's offsets."""
         import torch
 
-        batch, total_dims = self.spec.config.batch_size, sum(self.dims)
-        sent = int(batch * world_size * share.sent_dims)
-        ids = self._ids()
-        received_ids = self._empty(batch * world_size * share.sent_pooling, torch.int64)
+        batch = self.spec.config.batch_size
+        received = batch * world_size * share.sent_features  # the bags this rank's lookups serve
+        # the received ids and the lookup kernel's int64 offsets: kept for the fused backward; the received
+        # lengths and the KJT's own int32 offsets only until the forward ends (`forward_only`)
+        kept = [self._empty(batch * world_size * share.sent_pooling, torch.int64),
+                self._empty(received + 1, torch.int64)]
+        forward_only.extend([self._empty(received, torch.int32), self._empty(received + 1, torch.int32)])
+        outputs = [self._pooled_group(group, world_size, held, share) for group in groups_of(share, sum(self.dims))]
+        # torchrec concatenates the groups' pooled values (one group: handed on as they are)
+        self.pooled = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        del outputs
+        return kept
+
+    def _pooled_group(self, group: PooledGroup, world_size: int, held: list, share: RankShare):
+        """One group's lookups and its all-to-all (a data-parallel group: its local lookups alone), as the
+        pooled values the rank gets back for its batch."""
+        batch = self.spec.config.batch_size
+        sent = int(batch * world_size * group.sent_dims)
         lookups = self._empty(sent)
-        send_copy, received = self._empty(sent), self._empty(batch * total_dims)  # registered copy, receive buffer
+        send_copy, received = self._empty(sent), self._empty(batch * group.dims)  # registered copy, receive buffer
         del lookups
         # received is the output of torchrec's all-to-all, not a leaf (a leaf would live on in its AccumulateGrad
         # node until backward ends): the gradient flows to an empty leaf instead
         anchor = self._empty(0).requires_grad_()
-        self.pooled = self._all_to_all(sent, held, share).apply(anchor, received)
+        pooled = self._all_to_all(group, sent, held, share).apply(anchor, received)
         del send_copy  # freed once the collective is done
-        return [ids, received_ids]
+        return pooled
 
-    def _all_to_all(self, sent: int, held: list, share: RankShare):
-        """The pooled embeddings' all-to-all as an autograd function whose backward allocates what
-        torchrec's does: a registered copy of the gradient, and the gradient of the lookups."""
+    def _all_to_all(self, group: PooledGroup, sent: int, held: list, share: RankShare):
+        """A group's pooled all-to-all as an autograd function whose backward allocates what torchrec's does:
+        a registered copy of the gradient and the gradient of the lookups; for data-parallel tables, their
+        dense backward's gradient of the full tables."""
         import torch
 
-        batch, total_dims, empty = self.spec.config.batch_size, sum(self.dims), self._empty
+        batch, empty = self.spec.config.batch_size, self._empty
 
         class AllToAll(torch.autograd.Function):
             @staticmethod
             def forward(ctx, anchor, received):
-                return received.view(batch, total_dims)
+                return received.view(batch, group.dims)
 
             @staticmethod
             def backward(ctx, grad):
+                if not group.all_to_all:
+                    # added into DDP's bucket and freed (the pooled output's gradient is a slice of `grad`)
+                    replicated = empty(share.grad_bytes // 4)
+                    del replicated
+                    return empty(0), None
                 registered = empty(grad.numel())  # the gradient's send copy, freed once the collective is done
                 held.append(empty(sent))           # the lookups' gradient, until the fused backward consumed it
                 del registered
-                # data-parallel tables: the gradient of their pooled output, then their dense backward's gradient
-                # of the full tables, which is added into DDP's bucket and freed
-                replicated = [empty(batch * share.replicated_dims), empty(share.grad_bytes // 4)]
-                del replicated
                 return empty(0), None
 
         return AllToAll
+
+
+def groups_of(share: RankShare, total_dims: int) -> list:
+    """The share's pooled groups; a share without them (not read from a torchrec plan): its sharded tables in
+    one all-to-all, then its data-parallel ones."""
+    if share.pooled_groups:
+        return share.pooled_groups
+    groups = [PooledGroup(total_dims - share.replicated_dims, share.sent_dims)]
+    return groups + ([PooledGroup(share.replicated_dims, 0, False)] if share.replicated_dims else [])
 
 
 def dry_run_for(cfg, spec: WorkloadSpec) -> DryRunModel:

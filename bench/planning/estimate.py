@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence
 
 from bench.accounting.caching_allocator.replay import AllocationStream, replay
 from bench.planning.dry_run import DenseDryRun, DryRunModel
-from bench.planning.types import RankPrediction, RankShare
+from bench.planning.types import PooledGroup, RankPrediction, RankShare
 from bench.results.schema import IN_FLIGHT, has_cuda_allocator
 from workloads.spec import WorkloadSpec
 from workloads.storage import optimizer_state_bytes
@@ -56,7 +56,24 @@ def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int)
             share.sent_dims += cols
             share.sent_pooling += table.pooling_mean
             share.sent_features += 1
+    for rank, share in enumerate(shares):
+        share.pooled_groups = pooled_groups(plan_rows, spec, rank)
     return shares
+
+
+def pooled_groups(plan_rows: List[dict], spec: WorkloadSpec, rank: int) -> List[PooledGroup]:
+    """The rank's pooled embeddings per sharding type, in the order torchrec's sharded EmbeddingBagCollection
+    builds its groups (each type where its first table is)."""
+    sharding_of = {row["table"]: row for row in plan_rows}
+    dims: Dict[str, int] = {}
+    sent: Dict[str, int] = {}
+    for table in spec.tables:
+        row = sharding_of[table.name]
+        kind = row["sharding_type"]
+        dims[kind] = dims.get(kind, 0) + table.embedding_dim
+        sent[kind] = sent.get(kind, 0) + sum(s["sizes"][1] for s in row["shards"] if s["rank"] == rank)
+    return [PooledGroup(dims[kind], sent[kind] if kind != "data_parallel" else 0, kind != "data_parallel")
+            for kind in dims]
 
 
 def features_for_rank(spec: WorkloadSpec, share: RankShare, world_size: int) -> Dict[str, float]:
@@ -90,7 +107,7 @@ def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[
     for rank, share in enumerate(shares):
         features = features_for_rank(spec, share, world_size)
         key = (share.sent_dims, round(share.sent_pooling, 3), share.sent_features, round(share.replicated_pooling, 3),
-               share.replicated_features)
+               share.replicated_features, tuple(share.pooled_groups))
         if key not in runs:
             runs[key] = model.run(share, world_size, record_allocations=allocator_settings is not None)
         run = runs[key]

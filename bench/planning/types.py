@@ -155,6 +155,15 @@ class Placer(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class PooledGroup:
+    """One sharding type's pooled embeddings: torchrec looks each group up and sends it on its own (in the
+    order of the group's first table), then concatenates what the groups return."""
+    dims: int  # embedding dims of the group's tables: what every rank gets back per sample
+    sent_dims: int = 0  # of those, the dims this rank looks up for every rank's batch
+    all_to_all: bool = True  # False: data-parallel, looked up locally for the local batch, nothing sent
+
+
 @dataclass
 class RankShare:
     """What one rank holds of the embedding tables, and the sizes that drive its sparse activations."""
@@ -170,6 +179,9 @@ class RankShare:
     replicated_features: int = 0
     # (rows, dim) of each data-parallel table: the dense optimizer steps them, with a full-table temporary
     replicated_tables: List[tuple] = field(default_factory=list)
+    # per sharding type, in torchrec's order; empty: one all-to-all of the sharded tables, then the
+    # data-parallel ones (a share not read from a torchrec plan)
+    pooled_groups: List[PooledGroup] = field(default_factory=list)
 
 
 @dataclass
