@@ -9,7 +9,7 @@ lifetimes, so peaks that do not coincide are not simply added.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 from bench.accounting.caching_allocator.replay import AllocationStream
 from bench.planning.types import PooledGroup, RankShare
@@ -79,7 +79,6 @@ class DryRunModel:
         self.optimizer = dense_optimizer_class(cfg.dense_optimizer)(self.params, lr=cfg.dense_lr)
         self.keys = [t.feature_name for t in spec.tables]
         self.dims = [t.embedding_dim for t in spec.tables]
-        self.pooled = None  # set per step: the KeyedTensor the sharded EBC would return
         self._sparse_side = None  # set per step: makes the pooled values when the sparse arch runs
         model = self
 
@@ -88,8 +87,7 @@ class DryRunModel:
                 # the sparse side runs here, after the dense arch (DLRM.forward's order: the bottom MLP's
                 # activations are alive during the all-to-all); the pooled values are handed over, not kept:
                 # torchrec's sparse arch concatenates them and drops them
-                model.pooled = model._sparse_side()
-                values, model.pooled = model.pooled, None
+                values = model._sparse_side()
                 return KeyedTensor(keys=model.keys, length_per_key=model.dims, values=values)
 
         self.dlrm.sparse_arch.embedding_bag_collection = PooledEmbeddings()
@@ -170,8 +168,9 @@ class DryRunModel:
             kept.append(self._ids())
 
             def sparse_side():
-                kept.append(self._sparse_forward(share, world_size, held, forward_only))
-                return self.pooled
+                pooled, step_lived = self._sparse_forward(share, world_size, held, forward_only)
+                kept.append(step_lived)
+                return pooled
         else:
             def sparse_side():
                 return self._empty(batch * total_dims).view(batch, total_dims).requires_grad_()
@@ -194,7 +193,6 @@ class DryRunModel:
             replicated.step()
             track_optimizer_state(tracker, replicated, "embedding_optimizer")
         self.optimizer.zero_grad(set_to_none=False)  # the buckets stay
-        self.pooled = None
 
     def _ids(self) -> list:
         """A batch's ids and lengths (a KeyedJaggedTensor's values and lengths)."""
@@ -239,9 +237,8 @@ class DryRunModel:
         tracker.category = previous
 
     def _sparse_forward(self, share: RankShare, world_size: int, held: list, forward_only: list):
-        """The rank's sparse side up to the pooled embeddings the dense part consumes (`self.pooled`, handed
-        to the sparse arch); returns what stays alive until the step ends: the received ids and the lookup
-        kernel's offsets."""
+        """The rank's sparse side: returns the pooled embeddings the dense part consumes (handed to the sparse
+        arch) and what stays alive until the step ends (the received ids and the lookup kernel's offsets)."""
         import torch
 
         batch = self.spec.config.batch_size
@@ -253,9 +250,9 @@ class DryRunModel:
         forward_only.extend([self._empty(received, torch.int32), self._empty(received + 1, torch.int32)])
         outputs = [self._pooled_group(group, world_size, held, share) for group in groups_of(share, sum(self.dims))]
         # torchrec concatenates the groups' pooled values (one group: handed on as they are)
-        self.pooled = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        pooled = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         del outputs
-        return kept
+        return pooled, kept
 
     def _pooled_group(self, group: PooledGroup, world_size: int, held: list, share: RankShare):
         """One group's lookups and its all-to-all (a data-parallel group: its local lookups alone), as the
@@ -300,7 +297,7 @@ class DryRunModel:
         return AllToAll
 
 
-def groups_of(share: RankShare, total_dims: int) -> list:
+def groups_of(share: RankShare, total_dims: int) -> List[PooledGroup]:
     """The share's pooled groups; a share without them (not read from a torchrec plan): its sharded tables in
     one all-to-all, then its data-parallel ones."""
     if share.pooled_groups:

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence
 
 from bench.accounting.caching_allocator.replay import AllocationStream, replay
 from bench.planning.dry_run import DenseDryRun, DryRunModel
-from bench.planning.types import PooledGroup, RankPrediction, RankShare
+from bench.planning.types import DATA_PARALLEL, PooledGroup, RankPrediction, RankShare
 from bench.results.schema import IN_FLIGHT, has_cuda_allocator
 from workloads.spec import WorkloadSpec
 from workloads.storage import optimizer_state_bytes
@@ -36,7 +36,7 @@ def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int)
     for row in plan_rows:
         table = tables[row["table"]]
         element = table.bytes_per_element
-        if row["sharding_type"] == "data_parallel":
+        if row["sharding_type"] == DATA_PARALLEL:
             # replicated everywhere; gradients materialize and the dense optimizer keeps their state
             for share in shares:
                 share.weight_bytes += table.physical_bytes
@@ -56,24 +56,27 @@ def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int)
             share.sent_dims += cols
             share.sent_pooling += table.pooling_mean
             share.sent_features += 1
-    for rank, share in enumerate(shares):
-        share.pooled_groups = pooled_groups(plan_rows, spec, rank)
+    for share, groups in zip(shares, pooled_groups(plan_rows, spec, world_size)):
+        share.pooled_groups = groups
     return shares
 
 
-def pooled_groups(plan_rows: List[dict], spec: WorkloadSpec, rank: int) -> List[PooledGroup]:
-    """The rank's pooled embeddings per sharding type, in the order torchrec's sharded EmbeddingBagCollection
-    builds its groups (each type where its first table is)."""
+def pooled_groups(plan_rows: List[dict], spec: WorkloadSpec, world_size: int) -> List[List[PooledGroup]]:
+    """Each rank's pooled embeddings per sharding type, in the order torchrec's sharded
+    EmbeddingBagCollection builds its groups (each type where its first table is); one pass over the plan."""
     sharding_of = {row["table"]: row for row in plan_rows}
     dims: Dict[str, int] = {}
-    sent: Dict[str, int] = {}
     for table in spec.tables:
-        row = sharding_of[table.name]
-        kind = row["sharding_type"]
+        kind = sharding_of[table.name]["sharding_type"]
         dims[kind] = dims.get(kind, 0) + table.embedding_dim
-        sent[kind] = sent.get(kind, 0) + sum(s["sizes"][1] for s in row["shards"] if s["rank"] == rank)
-    return [PooledGroup(dims[kind], sent[kind] if kind != "data_parallel" else 0, kind != "data_parallel")
-            for kind in dims]
+    sent = [dict.fromkeys(dims, 0) for _ in range(world_size)]
+    for row in plan_rows:
+        if row["sharding_type"] == DATA_PARALLEL:
+            continue  # looked up locally: a replicated table's pooled output crosses no all-to-all
+        for shard in row["shards"]:
+            sent[shard["rank"]][row["sharding_type"]] += shard["sizes"][1]
+    return [[PooledGroup(dims[kind], sent_by_kind[kind], kind != DATA_PARALLEL) for kind in dims]
+            for sent_by_kind in sent]
 
 
 def features_for_rank(spec: WorkloadSpec, share: RankShare, world_size: int) -> Dict[str, float]:

@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from bench.planning.types import Placement, PlacementError, Shard, capacity_error
+from bench.planning.types import DATA_PARALLEL, Placement, PlacementError, Shard, capacity_error
 from bench.results.schema import DEVICE_CUDA, DEVICE_CUDA_SIMULATED, kernel_device
 from workloads.spec import WorkloadSpec
 from workloads.storage import table_storage
@@ -89,7 +89,7 @@ def parameter_constraints(spec: WorkloadSpec, sharding_type: str, per_table: Dic
         kernels = None
         if compute_kernel != "auto":
             kernels = [compute_kernel]
-        elif chosen == "data_parallel":
+        elif chosen == DATA_PARALLEL:
             kernels = ["dense"]  # fused kernels cannot be replicated
         constraints[table.name] = ParameterConstraints(
             sharding_types=None if chosen == "auto" else [chosen],

@@ -14,6 +14,9 @@ from typing import Dict, List, Optional, Protocol
 from workloads.spec import WorkloadSpec
 from workloads.units import GIB, TB
 
+# torchrec's name for a replicated table: looked up locally, its pooled output crosses no all-to-all
+DATA_PARALLEL = "data_parallel"
+
 
 @dataclass(frozen=True)
 class PlanTarget:
