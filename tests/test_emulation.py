@@ -2,6 +2,7 @@
 (bench.run.emulated_group, bench.run.emulation)."""
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -137,9 +138,20 @@ def test_an_emulated_rank_measures_what_that_rank_of_the_real_job_measures(tmp_p
 
 
 @pytest.mark.slow
-def test_rank_auto_of_a_64_rank_job_runs_the_rank_plan_mode_puts_highest(tmp_path):
+def test_rank_auto_of_a_64_rank_job_runs_the_rank_plan_mode_puts_highest(tmp_path, monkeypatch):
     """At 64 ranks torchrec's plan mixes sharding types: each its own pooled all-to-all, whose receive buffers
     do not all live at once (the dry run once sent them as one and was 2.5 % off; 0.1 % now)."""
+    import bench.run.launch as launch_module
+    from bench.run.step_progress import StepWatcher
+
+    watched = []
+
+    class RecordingWatcher(StepWatcher):  # the progress line watches the rank chosen, not 64 of them
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            watched.append((self.ranks, self.local_ranks))
+
+    monkeypatch.setattr(launch_module, "StepWatcher", RecordingWatcher)
     summary = run_here(tmp_path / "run", "hardware=cpu", "emulate.world_size=64", "workload.steps=2")
     assert summary["status"] == "ok", summary["error"]
     peaks = summary["estimate"]["per_rank_peak"]
@@ -151,6 +163,7 @@ def test_rank_auto_of_a_64_rank_job_runs_the_rank_plan_mode_puts_highest(tmp_pat
     # poisson pooling, peers answered with this rank's lengths: the issue's goal is 1 %
     assert error is not None and abs(error) <= 1.0, error
     assert json.loads((tmp_path / "run" / "launch.json").read_text())["emulated_rank"] == rank["rank"]
+    assert watched == [((rank["rank"],), 1)]
 
 
 @pytest.mark.slow
@@ -225,3 +238,14 @@ def test_a_sweep_over_the_ranks_reads_as_the_job_it_emulates(tmp_path, cli):
     measured = dict(zip(frame["rank"], frame["peak_bytes"]))
     assert measured == {rank["rank"]: rank["peak_bytes"] for rank in real["per_rank"]}
     assert frame["job.imbalance"].iloc[0] == pytest.approx(real["job"]["imbalance"], rel=1e-12)
+    # membench compare: the sweep is the 4-rank job, rank by rank; one emulated rank, that rank of the job
+    from bench.apps.compare import compare_paths
+
+    sweep_dir = next(sweep.results_dir.rglob("sweep.json")).parent
+    for other, ranks in ((sweep_dir, "0123"), (sweep_dir / "2", "2")):
+        said = io.StringIO()
+        assert compare_paths(tmp_path / "real", other, 0.0, said) == 0, said.getvalue()
+        compared = sorted(line.split()[1] for line in said.getvalue().splitlines()
+                          if line.split()[2:3] == ["peak_bytes"])
+        assert compared == list(ranks), said.getvalue()
+    assert "compared on rank(s) 2 of 4" in said.getvalue()

@@ -224,3 +224,40 @@ def test_pipelines_figure_skipped_without_a_pair(tmp_path, capsys):
     assert code == 0, err
     assert "## 9. Train pipelines: batches in flight\n\nSkipped: no two finished runs" in (
         tmp_path / "rep" / "report.md").read_text()
+
+
+def test_estimate_against_world_size_ladder(tmp_path, capsys):
+    """An emulation ladder (one rank of each N-rank job) and a real 2-rank run of the same workload: the
+    panel plots the worst rank's signed error per N; a workload seen at one world size only is left out."""
+    root = tmp_path / "ladder"
+
+    def run(name: str, workload: str, world_size: int, errors: dict) -> None:
+        ranks = [make_rank(rank, 16 * MIB, CAP) for rank in errors]
+        width = max(errors) + 1
+        est = {"per_rank_peak": [16 * MIB] * width, "error_pct": [errors.get(r) for r in range(width)],
+               "torchrec_per_rank_peak": [12 * MIB] * width, "torchrec_error_pct": [-25.0] * width}
+        make_run(root / name, ranks, workload=workload, estimate=est)
+        path = root / name / "summary.json"
+        summary = json.loads(path.read_text())
+        summary["world_size"] = world_size  # an emulated rank: one rank measured of an N-rank job
+        path.write_text(json.dumps(summary))
+
+    run("real-2", "tiny", 2, {0: 0.5, 1: -1.5})
+    run("emulated-64", "tiny", 64, {14: 0.25})
+    run("emulated-1024", "tiny", 1024, {0: -0.75})
+    run("other-8", "small", 8, {3: 4.0})
+    code, _, err = run_report(capsys, root, "--out", tmp_path / "out", "--format", "png")
+    assert code == 0, err
+    assert_figure(tmp_path / "out", "fig6c_estimate_vs_world_size")
+    rows = table((tmp_path / "out" / "report.md").read_text(), "workload, backend", "estimator")
+    job = "tiny, torchrec"
+    assert rows == [[job, "membench", "2", "1", "2", "-1.50"], [job, "membench", "64", "14", "1", "+0.25"],
+                    [job, "membench", "1024", "0", "1", "-0.75"], [job, "torchrec planner", "2", "0", "2", "-25.00"],
+                    [job, "torchrec planner", "64", "14", "1", "-25.00"],
+                    [job, "torchrec planner", "1024", "0", "1", "-25.00"]]
+
+    alone = tmp_path / "alone"
+    make_run(alone / "r", [make_rank(0, 16 * MIB, CAP)], estimate={"per_rank_peak": [16 * MIB], "error_pct": [1.0]})
+    assert run_report(capsys, alone, "--out", tmp_path / "out2", "--format", "png")[0] == 0
+    assert not (tmp_path / "out2" / "fig6c_estimate_vs_world_size.png").exists()
+    assert (tmp_path / "out2" / "fig6_estimate_vs_measured.png").is_file()

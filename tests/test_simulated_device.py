@@ -66,10 +66,13 @@ def test_a_free_deferred_to_the_phase_end_never_collides_with_a_reused_address()
     reuse its address (cdata): the model keys allocations by a count, not by address (keyed by address it
     raised KeyError). The drop is made on this thread, seen as another's, so that malloc reuses the address."""
     model, tracker = model_tracker()
-    reused = 0
+    reused = tries = 0
     with tracker:
         owner = tracker._owner_thread
-        for _ in range(10):
+        # until the address has come back a few times: malloc need not reuse it at once (under load it
+        # once did not in 10 tries)
+        while reused < 3 and tries < 1000:
+            tries += 1
             sent = torch.ones(1000)
             cdata = sent.untyped_storage()._cdata
             tracker._owner_thread = None  # the next free looks like a backend thread's
@@ -81,7 +84,7 @@ def test_a_free_deferred_to_the_phase_end_never_collides_with_a_reused_address()
         tracker.flush_deferred()
     assert reused > 0  # the address did come back while the free was pending
     assert model.memory_stats()["allocated_bytes.all.current"] == tracker.live_bytes == 0
-    assert tracker.late_frees == 10
+    assert tracker.late_frees == tries
 
 
 def test_the_model_refuses_with_a_cuda_style_oom_at_that_op():
@@ -132,24 +135,28 @@ def test_simulated_limits_follow_the_preset_reserve_and_memory_fraction():
             validate_run(bad, resolve_launch(bad, 0))
 
 
-def test_plan_predicts_the_allocator_overhead_from_the_model():
-    from bench.planning.predict import predict_run
+@pytest.mark.parametrize("backend", ["torchrec", "native"])
+def test_plan_predicts_the_allocator_overhead_from_the_model(backend):
+    """Both backends' predictions on a GPU: the caching allocator model's overhead and the memory outside
+    torch (the native one once had neither and read -77 % against a simulated H100)."""
+    from bench.planning.predict import try_predict_run
     from bench.run.execute import compose_run_config
     from bench.run.launchspec import resolve_launch
 
     overheads = {}
     for expandable in ("false", "true"):
-        cfg = compose_run_config([*SIMULATED, f"allocator.expandable_segments={expandable}"])
-        prediction = predict_run(cfg, resolve_launch(cfg, 0))
+        cfg = compose_run_config([*SIMULATED, f"model={backend}", f"allocator.expandable_segments={expandable}"])
+        prediction = try_predict_run(cfg, resolve_launch(cfg, 0))
         breakdown = prediction["per_rank_breakdown"][0]
         assert breakdown["non_torch"] == 1024 * MIB
         overheads[expandable] = breakdown["allocator_overhead"]
         tensors = sum(v for k, v in breakdown.items() if k not in ("allocator_overhead", "non_torch"))
         # the model's rounding of this rank's stream, not a fixed share of the tensors
         assert overheads[expandable] != int(tensors * 0.05)
+        assert prediction["per_rank_peak"][0] == sum(breakdown.values())
     assert overheads["false"] > 0 and overheads["true"] >= 0
-    cpu = compose_run_config(["hardware=cpu"])
-    assert "allocator_overhead" not in predict_run(cpu, resolve_launch(cpu, 0))["per_rank_breakdown"][0]
+    cpu = compose_run_config(["hardware=cpu", f"model={backend}"])
+    assert "allocator_overhead" not in try_predict_run(cpu, resolve_launch(cpu, 0))["per_rank_breakdown"][0]
 
 
 def _stable(value):

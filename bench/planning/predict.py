@@ -70,11 +70,16 @@ def interval_fields(peaks: List[int], calibration, backend: str) -> Dict[str, An
 
 def predict_native_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[str, Any]:
     """The native backend's ranks, each trained on `meta` as the worker trains it (nothing calibrated;
-    torchrec's planner has nothing to say about a model it does not shard)."""
+    torchrec's planner has nothing to say about a model it does not shard); on a GPU, with the caching
+    allocator's overhead (the dry run replayed through its model) and the memory outside it."""
+    from bench.planning.estimate import add_device_overheads
     from bench.planning.native_estimate import predict_native
     from workloads.spec import build_spec
 
-    predictions = predict_native(build_spec(cfg.workload), launch.world_size, cfg.model.sparse_grads)
+    settings = allocator_settings_for(cfg.allocator, launch.device_type)
+    predictions = [add_device_overheads(p, launch.device_type, cfg.hardware.non_torch_reserve_mib * MIB)
+                   for p in predict_native(build_spec(cfg.workload), launch.world_size, cfg.model.sparse_grads,
+                                           settings)]
     calibration = load_calibration(calibration_dir, calibration_key(launch.device_type, cfg.hardware.name))
     return {
         "calibration": NATIVE_SOURCE,

@@ -14,7 +14,8 @@ in raw bytes):
 3. utilization CDF over runs x ranks, with the under-utilized share (< 50 % of capacity);
 4. imbalance: per-rank peaks of every run, runs sorted by imbalance (max / mean rank peak);
 5. OOM frontier of each sweep over two (or more) overrides: busiest-rank utilization, OOM cells marked;
-6. estimated vs measured peak per rank (runs whose summary carries `estimate.per_rank_peak`);
+6. estimated vs measured peak per rank (runs whose summary carries `estimate.per_rank_peak`), by category,
+   and against the world size for a workload measured at two or more (an emulation ladder);
 7. plan mode at scale: estimated per-rank utilization across world sizes (summaries with mode "plan").
 
 A figure without data is skipped with a line in report.md that says why. Exit status: 0, or 2 when no

@@ -13,8 +13,9 @@ from typing import List, Optional
 from bench.results.schema import RunSummary, Status
 from bench.results.store import write_summary
 from bench.run.config import CONF_DIR, RunConfig, register_configs, register_resolvers, to_run_config, with_changes
+from bench.run.emulation import BACKEND_NAME as EMULATED_BACKEND
+from bench.run.launch_types import LaunchSpec
 from bench.run.launchspec import checked_run, visible_cuda_devices
-from bench.run.step_progress import StepWatcher
 from bench.run.summary import summary_for
 from workloads.validate import ConfigError
 
@@ -40,6 +41,14 @@ def invalid_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[s
     return summary
 
 
+def ranks_said(launch: LaunchSpec) -> str:
+    """What the run launches, for its first line: N ranks, or the one rank of N played in one process."""
+    if launch.dist_backend != EMULATED_BACKEND:
+        return f"{launch.world_size} {launch.device_type} rank(s) ({launch.dist_backend})"
+    rank = "auto" if launch.emulated_rank is None else launch.emulated_rank
+    return f"rank {rank} of {launch.world_size} {launch.device_type} ranks, emulated in one process"
+
+
 def execute_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[str],
                 echo: bool = True) -> RunSummary:
     from bench.run.launch import launch_run
@@ -49,16 +58,12 @@ def execute_run(cfg: RunConfig, run_dir: Path, run_id: str, sweep_id: Optional[s
         cfg, launch = checked_run(cfg, *visible_cuda_devices(cfg))
     except ConfigError as err:
         return invalid_run(cfg, run_dir, run_id, sweep_id, err)
-    print(f"[membench] run {run_id}: workload={cfg.workload.name} on {launch.world_size} "
-          f"{launch.device_type} rank(s) ({launch.dist_backend}); results in {run_dir}", flush=True)
-    total_steps = cfg.workload.warmup_steps + cfg.workload.steps
-    # a run longer than a few seconds: where every rank is (rank 0 alone prints its steps)
-    with StepWatcher(run_dir, run_id, launch.world_size, total_steps, launch.local_processes,
-                     enabled=echo and cfg.record.timeline, ranks=launch.measured_ranks):
-        try:
-            return launch_run(cfg, launch, run_dir, run_id, sweep_id=sweep_id, echo=echo)
-        except ConfigError as err:  # what only the prediction can tell (emulate.*): refused before launch
-            return invalid_run(cfg, run_dir, run_id, sweep_id, err)
+    print(f"[membench] run {run_id}: workload={cfg.workload.name} on {ranks_said(launch)}; results in {run_dir}",
+          flush=True)
+    try:
+        return launch_run(cfg, launch, run_dir, run_id, sweep_id=sweep_id, echo=echo)
+    except ConfigError as err:  # what only the prediction can tell (emulate.*): refused before launch
+        return invalid_run(cfg, run_dir, run_id, sweep_id, err)
 
 
 def run_overrides(overrides: List[str], run_dir: Path, run_id: str, echo: bool = False) -> RunSummary:

@@ -27,6 +27,7 @@ from bench.run.config import RunConfig
 from bench.run.emulation import check_rank_fits_host, emulation_record, with_rank, with_rank_config
 from bench.run.launchspec import LaunchSpec, write_run_config
 from bench.run.reaper import KILL_GRACE_S, WORKER_MODULE, end_processes, end_run, wait_for_no_ranks
+from bench.run.step_progress import StepWatcher
 from bench.run.summary import now_iso, summary_for
 
 AGENT_MODULE = "bench.run.agent"  # torchrun's agent (torch.distributed.run), ending quickly
@@ -273,8 +274,12 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
     log_path = run_dir / "launcher.log"
     try:
         commands = torchrun_commands(launch, run_dir, run_id, cfg.launcher.fork_ranks)
-        outcome = run_agents(commands, worker_env(launch, cfg), log_path, run_dir, cfg.timeout_s,
-                             watchdog_s=cfg.launcher.watchdog_s, echo=echo)
+        # a run longer than a few seconds: where every rank is (rank 0 alone prints its steps); made once the
+        # emulated rank is known, which is the one rank watched
+        with StepWatcher(run_dir, run_id, launch.world_size, cfg.workload.warmup_steps + cfg.workload.steps,
+                         launch.local_processes, enabled=echo and cfg.record.timeline, ranks=launch.measured_ranks):
+            outcome = run_agents(commands, worker_env(launch, cfg), log_path, run_dir, cfg.timeout_s,
+                                 watchdog_s=cfg.launcher.watchdog_s, echo=echo)
     except KeyboardInterrupt:
         write_interrupted(cfg, launch, run_dir, run_id, started_at, sweep_id)
         raise

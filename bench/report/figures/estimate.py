@@ -5,6 +5,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from bench.report.figures.estimate_scale import draw_scale
 from bench.report.figures.estimate_terms import draw_terms
 from bench.report.loading import Run
 from bench.report.markdown import Section, md_table
@@ -15,7 +16,8 @@ INTRO = ("Per rank of each finished measured run: the estimated peak (membench's
          "Shaded: within ±10 % and ±25 % of y = x. Error % as stored in the summary "
          "(estimate − measured) / measured. Then membench's prediction against the measurement category by "
          "category (predicted − measured bytes: mean and range over the ranks), where the term that is off "
-         "shows.")
+         "shows; and, for a workload measured at two or more world sizes (an emulation ladder), the error of "
+         "its worst rank against N.")
 # (point key, legend name, marker, colour) of each estimator
 SERIES = (("membench", "membench estimate", "o", OKABE_ITO[0]), ("torchrec", "torchrec planner", "^", OKABE_ITO[1]))
 Point = Dict[str, Any]
@@ -61,6 +63,9 @@ def figure_estimate(plot: Plotter, runs: List[Run]) -> Section:
     terms = draw_terms(plot, runs)
     if terms is not None:
         section.figures.append(terms)
+    scale = draw_scale(plot, points)
+    if scale is not None:
+        section.figures.append(scale)
     return section
 
 
