@@ -20,7 +20,7 @@ def test_gpu_check_simulated_passes_every_check_it_can_run(tmp_path):
     lines = proc.stdout.splitlines()
     assert not any(line.startswith("FAIL ") for line in lines)
     for name in ("allocator model vs replay", "allocator peaks", "nvml device used >= reserved",
-                 "breakdown sums to peak", "memory_viz snapshot", "forced OOM recorded", "OOM snapshot",
+                 "breakdown sums to peak", "peak phase holds the highest allocated", "memory_viz snapshot", "forced OOM recorded", "OOM snapshot",
                  "native workload", "native: timeline", "native: NVML used >= reserved", "native: memory_viz snapshot",
                  "native: allocator and versions recorded", "forced OOM run", "watchdog drill", "torchrec workload",
                  "prediction vs measured"):
@@ -28,8 +28,8 @@ def test_gpu_check_simulated_passes_every_check_it_can_run(tmp_path):
     assert [line.split(":")[0] for line in lines if line.startswith("SKIP ")] == ["SKIP API probes",
                                                                                  "SKIP recorder overhead"]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert report["simulated"] and report["failed"] == [] and len(report["checks"]) == 18
-    assert lines[-1] == "gpu check (simulated): 16 passed, 0 failed, 2 skipped"
+    assert report["simulated"] and report["failed"] == [] and len(report["checks"]) == 19
+    assert lines[-1] == "gpu check (simulated): 17 passed, 0 failed, 2 skipped"
     trace = json.loads((tmp_path / "allocation_trace.json").read_text())
     assert len(trace) > 100 and all(len(event) == 2 for event in trace)
     # the forced OOM run on a 5 MiB simulated device: the model retried after freeing its cache, then refused

@@ -192,3 +192,48 @@ def test_auto_hardware_warns_when_a_gpu_is_there_but_torch_cannot_use_it(monkeyp
     monkeypatch.setattr(launchspec, "gpu_driver_present", lambda: True)
     assert launchspec.visible_cuda_devices(RunConfig()) == (0, None)
     assert "an NVIDIA driver lists GPUs but torch sees none" in capsys.readouterr().err
+
+
+def test_a_failed_rank_does_not_wait_for_its_device_and_the_baseline_recorder_does(monkeypatch):
+    """Audit N5: a rank ended because a peer died has collectives queued behind that peer; a device sync in
+    its result() never returned, so it wrote nothing. N14: `record.enabled=false` is the overhead
+    baseline, and on a GPU its step times must be synchronized too."""
+    import torch
+
+    from bench.run.memory.recorder import StepTimeRecorder
+
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    for status, expected in (("failed", 2), ("ok", 3)):
+        synced.clear()
+        recorder = StepTimeRecorder(0, torch.device("cuda", 0), 1 << 30, None, 0)
+        for step in range(2):
+            with recorder.phase(step, "forward"):
+                pass
+        result = recorder.result(status)
+        # each step's start syncs (two), then the result's own: none for a failed rank
+        assert len(synced) == expected, (status, synced)
+        assert len(result.step_times_s) == 2
+
+
+def test_torchrecs_host_memory_is_a_node_s_share_per_rank(monkeypatch):
+    """Audit N10: torchrec's ddr_cap is per rank; hardware.host_memory_gib is per node. Passed whole, the
+    nightly UVM entry (8 ranks, 2048 GiB a node) was planned as if each rank had 2 TiB (16 TiB a node)."""
+    from bench.planning import torchrec_adapter
+    from bench.run.execute import compose_run_config
+
+    cfg = compose_run_config(["hardware=h100_80g", "hardware.ranks_per_node=8"])
+    seen = {}
+
+    class Planned(Exception):
+        pass
+
+    def topology(**kwargs):
+        seen.update(kwargs)
+        raise Planned
+
+    monkeypatch.setattr(torchrec_adapter, "make_topology", topology)
+    with pytest.raises(Planned):
+        torchrec_adapter.make_sharding_plan(cfg, None, 16, 8, "cuda", 80 << 30, None)
+    assert seen["ddr_cap_bytes"] == int(cfg.hardware.host_memory_gib * 1024**3) // 8
+    assert seen["local_world_size"] == 8

@@ -15,7 +15,6 @@ backend with membench's prediction beside the measurement (SKIP when fbgemm-gpu 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -54,7 +53,10 @@ def run_all(simulate: bool, out_dir: Path, steps: int, width: int, batch: int, l
         if time.monotonic() - started > BUDGET_S:
             log.skip(f"stage {number}", f"time budget of {BUDGET_S} s spent")
             continue
-        stage()
+        try:
+            stage()
+        except Exception as err:  # noqa: BLE001 (one stage's failure is its FAIL line; the next stages run)
+            log.check(f"stage {number}", False, f"stopped: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
 
 
 def cuda_available() -> Optional[str]:
@@ -82,13 +84,13 @@ def main(argv=None) -> int:
         if problem:
             print(problem, file=sys.stderr)
             return EXIT_NO_GPU
-    log = CheckLog()
     with tempfile.TemporaryDirectory(prefix="membench-gpu-check-") as tmp:
         out_dir = args.out or Path(tmp)
         out_dir.mkdir(parents=True, exist_ok=True)
+        # written after every check: a check run that is killed keeps what it had found
+        log = CheckLog(json_path=out_dir / "gpu_check.json", simulated=args.simulate)
+        log.write()
         run_all(args.simulate, out_dir, args.steps, args.width, args.batch, log)
-        (out_dir / "gpu_check.json").write_text(json.dumps(
-            {"simulated": args.simulate, "checks": log.to_json(), "failed": log.failed}, indent=2) + "\n")
     failed = log.failed
     print(f"gpu check{' (simulated)' if args.simulate else ''}: {log.count('PASS')} passed, {len(failed)} failed, "
           f"{log.count('SKIP')} skipped" + (f" ({', '.join(failed)})" if failed else ""))

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import List
+from pathlib import Path
+from typing import List, Optional
 
 
 @dataclass(frozen=True)
@@ -13,15 +14,30 @@ class Check:
 
 
 class CheckLog:
-    def __init__(self) -> None:
+    def __init__(self, json_path: Optional[Path] = None, simulated: bool = False) -> None:
         self.checks: List[Check] = []
+        self.json_path, self.simulated = json_path, simulated
 
     def add(self, name: str, verdict: str, detail: str) -> None:
         self.checks.append(Check(name, verdict, detail))
         print(f"{verdict} {name}: {detail}", flush=True)
+        self.write()
+
+    def write(self) -> None:
+        """gpu_check.json as it stands (atomically: a kill mid-write leaves the previous one)."""
+        if self.json_path is None:
+            return
+        from bench.results.store import atomic_write_json
+
+        atomic_write_json(self.json_path, {"simulated": self.simulated, "checks": self.to_json(),
+                                           "failed": self.failed})
 
     def check(self, name: str, ok: bool, detail: str) -> None:
         self.add(name, "PASS" if ok else "FAIL", detail)
+
+    def verdict(self, name: str, verdict) -> None:
+        """A check decided by bench.gpucheck.verdicts."""
+        self.check(name, verdict.ok, verdict.detail)
 
     def skip(self, name: str, why: str) -> None:
         self.add(name, "SKIP", why)

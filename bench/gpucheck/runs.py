@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from bench.gpucheck.log import CheckLog
+from bench.gpucheck.verdicts import breakdown_adds_up, nvml_covers_reserved
 from workloads.units import MIB
 
 RUN_TIMEOUT_S = 150
@@ -22,15 +23,38 @@ RUN_TIMEOUT_S = 150
 WATCHDOG_S = {"gpu": 20, "simulated": 5}
 
 
+class RunTimedOut(RuntimeError):
+    """A `membench run` of a stage ran past RUN_TIMEOUT_S; its launcher, agents and ranks were ended."""
+
+
+def _run_dirs(runs: Path) -> set:
+    return {path.parent for path in runs.rglob("launch.json")} if runs.exists() else set()
+
+
 def membench_run(out_dir: Path, *overrides: str, env: Optional[Dict[str, str]] = None
                  ) -> Tuple[Optional[dict], Optional[Path], str]:
-    """`membench run` in a subprocess: (summary or None, its run directory, the output's last lines)."""
+    """`membench run` in a subprocess: (summary or None, its run directory, the output's last lines). Past
+    RUN_TIMEOUT_S the run's processes are ended, every one (the agents and ranks are in sessions of their
+    own: killing the launcher alone would leave them holding the GPU), and RunTimedOut says so."""
+    from bench.run.reaper import end_run
+
     runs = out_dir / "runs"
     before = set(runs.rglob("summary.json")) if runs.exists() else set()
-    proc = subprocess.run([sys.executable, "-m", "bench", "run", f"results_dir={runs}", *overrides],
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env={**os.environ, **(env or {})})
+    dirs_before = _run_dirs(runs)
+    proc = subprocess.Popen([sys.executable, "-m", "bench", "run", f"results_dir={runs}", *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        left = []
+        for run_dir in sorted(_run_dirs(runs) - dirs_before) or [out_dir]:
+            left += end_run([proc], run_dir)
+        proc.communicate()
+        raise RunTimedOut(f"membench run {' '.join(overrides)} ran past {RUN_TIMEOUT_S} s; ended it "
+                          f"(processes left: {left or 'none'})") from None
     new = sorted(set(runs.rglob("summary.json")) - before) if runs.exists() else []
-    tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+    tail = " | ".join(output.strip().splitlines()[-3:])
     if not new:
         return None, None, tail
     return json.loads(new[0].read_text()), new[0].parent, tail
@@ -52,7 +76,7 @@ def native_run(simulate: bool, out_dir: Path, log: CheckLog) -> None:
                  *hardware_overrides(simulate)]
     summary, run_dir, tail = membench_run(out_dir, *overrides)
     ok = summary is not None and summary["status"] == "ok" and summary["model_backend"] == "native"
-    adds_up = ok and all(r["peak_bytes"] > 0 and sum(r["breakdown"].values()) == r["peak_bytes"]
+    adds_up = ok and all(r["peak_bytes"] > 0 and breakdown_adds_up(r["peak_bytes"], r["breakdown"]).ok
                          for r in summary["per_rank"])
     log.check("native workload", adds_up, f"status {summary and summary['status']}, peaks "
                                           f"{_peaks(summary) if summary else tail}")
@@ -60,10 +84,12 @@ def native_run(simulate: bool, out_dir: Path, log: CheckLog) -> None:
         return
     rows = [len((run_dir / f"timeline_rank{r['rank']}.csv").read_text().splitlines()) - 1 for r in summary["per_rank"]]
     log.check("native: timeline", all(count >= 5 for count in rows), f"rows per rank {rows}")
-    used_ok = all((r["peak_device_used_bytes"] or 0) >= (r["peak_reserved_bytes"] or 0) for r in summary["per_rank"])
-    log.check("native: NVML used >= reserved", used_ok, "; ".join(
-        f"rank {r['rank']} used {(r['peak_device_used_bytes'] or 0) / MIB:.0f} MiB, reserved "
-        f"{(r['peak_reserved_bytes'] or 0) / MIB:.0f} MiB" for r in summary["per_rank"]))
+    # the sampler's raw readings (the recorder's device-used column is floored at reserved): the cache keeps
+    # what was reserved, so a later sample sees at least the peak
+    per_rank = [(rank["rank"], nvml_covers_reserved((rank.get("nvml") or {}).get("device_used_peak_bytes"),
+                                                    rank["peak_reserved_bytes"] or 0)) for rank in summary["per_rank"]]
+    log.check("native: NVML used >= reserved", all(verdict.ok for _, verdict in per_rank),
+              "; ".join(f"rank {rank}: {verdict.detail}" for rank, verdict in per_rank))
     log.check("native: memory_viz snapshot", bool(list(run_dir.glob("snapshot_rank*.pickle"))), str(run_dir))
     versions_ok = simulate or "cuda" in summary["versions"]  # a simulated device has no CUDA to name
     log.check("native: allocator and versions recorded", bool(summary.get("allocator")) and versions_ok,

@@ -17,7 +17,7 @@ from bench.planning.calibration import CALIBRATION_DIR, Calibration, calibration
 from bench.planning.dry_run import DryRunModel, dry_run_for
 from bench.planning.estimate import add_device_overheads, predict, shares_from_placement
 from bench.planning.greedy import place_greedy
-from bench.planning.torchrec_adapter import place_torchrec
+from bench.planning.torchrec_adapter import host_memory_per_rank, place_torchrec
 from bench.planning.types import Placement, PlacementError, PlanTarget, RankPrediction
 from bench.results.schema import JobStats, RankResult, Status, complete_breakdown
 from workloads.spec import WorkloadSpec, build_spec
@@ -40,7 +40,7 @@ def validate_plan_config(plan) -> None:
 def place(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int) -> Placement:
     if cfg.plan.planner == "torchrec":
         return place_torchrec(spec, world_size, target.capacity_bytes, local_world_size=target.ranks_per_node,
-                              ddr_cap_bytes=int(cfg.hardware.host_memory_gib * GIB),
+                              ddr_cap_bytes=host_memory_per_rank(cfg, target.ranks_per_node),
                               compute_device=target.device_type)
     return place_greedy(spec, world_size, target.capacity_bytes, allow_row_wise=target.device_type == "cuda",
                         max_shard_fraction=cfg.plan.max_shard_fraction)

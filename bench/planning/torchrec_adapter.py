@@ -184,6 +184,12 @@ def describe_plan(plan) -> List[dict]:
     return sorted(rows, key=lambda row: row["table"])
 
 
+def host_memory_per_rank(cfg, ranks_per_node: int) -> int:
+    """torchrec's `ddr_cap` is per rank (planner/types.py: "ddr_cap_bytes ... per rank"); hardware.host_memory_gib
+    is a node's: its share per rank (passed whole, a node of 8 ranks planned UVM with 8x its host memory)."""
+    return int(cfg.hardware.host_memory_gib * GIB) // max(1, ranks_per_node)
+
+
 def make_sharding_plan(cfg, spec: WorkloadSpec, world_size: int, ranks_per_node: int, device_type: str,
                        capacity_bytes: int, model, process_group=None):
     """torchrec's plan for `model` (tables on meta) on this topology: (ShardingPlan, PlanCapture).
@@ -196,7 +202,7 @@ def make_sharding_plan(cfg, spec: WorkloadSpec, world_size: int, ranks_per_node:
 
     # a simulated GPU trains with CPU kernels: torchrec plans for the CPU, with the GPU's memory per rank
     compute_device = kernel_device(device_type)
-    ddr_cap = capacity_bytes if device_type == DEVICE_CUDA_SIMULATED else int(cfg.hardware.host_memory_gib * GIB)
+    ddr_cap = capacity_bytes if device_type == DEVICE_CUDA_SIMULATED else host_memory_per_rank(cfg, ranks_per_node)
     topology = make_topology(
         world_size=world_size, compute_device=compute_device,
         hbm_cap_bytes=capacity_bytes if compute_device == DEVICE_CUDA else None,

@@ -36,7 +36,7 @@ class HardwareConfig:
     # Memory per rank. CPU: the emulated capacity that live tensors may not exceed (an allocation
     # beyond it raises torch.OutOfMemoryError). GPU: the profile's HBM; NVML's total wins at run time.
     capacity_gib: float = 4.0
-    # Host memory per node, for torchrec's planner (UVM / DDR)
+    # Host memory per node, for torchrec's planner (UVM / DDR): each rank of the node plans with its share
     host_memory_gib: float = 16.0
     # gloo | nccl | auto (nccl on cuda, gloo on cpu)
     dist_backend: str = "auto"

@@ -135,6 +135,10 @@ class CudaRecorder(MemoryRecorder):
     def synchronize(self) -> None:
         self._synchronize(self.device)
 
+    def allocator_stats(self) -> CudaAllocatorStats:
+        """The allocator's statistics now (gpu_check compares them with NVML's raw reading)."""
+        return self._read_stats(self.device)
+
     def in_flight_bytes(self) -> int:
         """A train pipeline's batches held beyond the one being trained, on this device, at the end of the phase
         that set the segment's top (the pipeline runner points `in_flight_probe` at them; their distributed

@@ -198,9 +198,10 @@ class MemoryRecorder:
         yield
         self._end_phase()
 
-    def finish_steps(self) -> None:
+    def finish_steps(self, sync: bool = True) -> None:
         if self._step_started is not None:
-            self.synchronize()
+            if sync:
+                self.synchronize()
             self.step_times_s.append(time.perf_counter() - self._step_started)
             self._step_started = None
 
@@ -221,8 +222,10 @@ class MemoryRecorder:
 
     # -- result ----------------------------------------------------------------------------------
     def result(self, status: str) -> RankResult:
-        """Steady-state (measured) peak for a finished rank; for a failed one the highest peak seen."""
-        self.finish_steps()
+        """Steady-state (measured) peak for a finished rank; for a failed one the highest peak seen. A failed
+        rank does not wait for its device: a rank ended because a peer died has collectives queued that wait
+        for that peer, and a device sync there never returns (no result would be written)."""
+        self.finish_steps(sync=status == "ok")
         segment = "measured"
         if status != "ok" or segment not in self.segment_peak_at:
             seen = [name for name in self.segment_peaks if name in self.segment_peak_at] or ["measured"]
@@ -310,6 +313,12 @@ class StepTimeRecorder(MemoryRecorder):
     """`record.enabled=false`: phases and step times only, no memory accounting (the overhead baseline)."""
 
     name = "none"
+
+    def synchronize(self) -> None:
+        """The overhead baseline's step times must be synchronized like the recorder's (else 'off' times
+        only the enqueueing on a GPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _sample(self) -> PhaseSample:
         return PhaseSample(in_use_bytes=0, phase_peak_bytes=0, reserved_bytes=None, device_used_bytes=None)
