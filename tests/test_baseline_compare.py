@@ -165,6 +165,12 @@ def test_workflow_runs_ci_on_push_and_gpu_suite_nightly():
     assert "gpu" in gpu["runs-on"] and "schedule" in gpu["if"]
     gpu_steps = " ".join(step.get("run", "") for step in gpu["steps"])
     assert "scripts/gpu_check.sh" in gpu_steps and "conf/suite/nightly_gpu.yaml" in gpu_steps
+    # audit N20: the check validates the venv's torch (the suite's), and a FAIL there does not skip the suite
+    (check,) = [step for step in gpu["steps"] if "gpu_check.sh" in step.get("run", "")]
+    assert check["run"].startswith("PYTHON=.venv/bin/python ")
+    assert gpu_steps.index("scripts/install.sh") < gpu_steps.index("gpu_check.sh")
+    (suite_step,) = [step for step in gpu["steps"] if "nightly_gpu.yaml" in step.get("run", "")]
+    assert suite_step.get("if") == "always()"
     assert any(step.get("uses", "").startswith("actions/upload-artifact") for step in gpu["steps"])
     for suite in ("ci_cpu", "nightly_gpu"):
         load_suite(root / "conf" / "suite" / f"{suite}.yaml")

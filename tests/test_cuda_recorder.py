@@ -37,6 +37,32 @@ def test_steady_state_peak_is_the_phase_where_tensors_peak():
     assert sum(result.breakdown.values()) == result.peak_bytes == 2500 * mib
 
 
+def test_an_nvml_bump_outside_the_allocator_does_not_make_its_phase_the_peak():
+    """Audit N21: phases were ranked by NVML first, so a phase where NCCL connected a peer (or a kernel
+    module loaded) won over the one where the tensors peaked."""
+    from bench.run.memory.cuda import CudaRecorder
+    from bench.run.memory.cuda_stats import CudaAllocatorStats
+
+    mib = 1 << 20
+    peaks = iter([(300, 1000, 2600), (1200, 2000, 2500)])  # (peak allocated, peak reserved, NVML) per phase
+    sampler = FakeSampler(0)
+
+    def read_stats(device):
+        allocated, reserved, nvml = next(peaks)
+        sampler.used = nvml * mib
+        return CudaAllocatorStats(allocated_bytes=50 * mib, peak_allocated_bytes=allocated * mib,
+                                  reserved_bytes=reserved * mib, peak_reserved_bytes=reserved * mib)
+
+    recorder = CudaRecorder(0, torch.device("cuda", 0), 80 << 30, None, warmup_steps=0, read_stats=read_stats,
+                            reset_peaks=lambda d: None, sampler=sampler, synchronize=lambda d: None)
+    for name in ("forward", "backward"):
+        with recorder.phase(0, name):
+            pass
+    result = recorder.result("ok")
+    assert (result.peak_phase, result.peak_allocated_bytes, result.peak_bytes) == ("backward", 1200 * mib, 2500 * mib)
+    assert result.breakdown["non_torch"] == 500 * mib
+
+
 class RecordingSnapshots:
     """torch.cuda.memory's snapshot calls (`_record_memory_history`, `_dump_snapshot`), recorded with what
     the run directory held at each call."""
@@ -248,3 +274,50 @@ def test_rank_result_keeps_nvmls_device_view_beside_the_process_reading():
     assert result.peak_device_used_bytes == 6 * gib
     assert result.nvml == {"device_used_peak_bytes": 30 * gib, "driver_reserved_bytes": 2 * gib,
                            "process_reported": True, "failed_readings": 0}
+
+
+def test_under_a_memory_fraction_utilization_is_peak_reserved_against_the_cap():
+    """Audit N4: the cap limits the caching allocator, but the peak (NVML's process memory) also holds the
+    CUDA context and NCCL's buffers: an 8 MiB cap against a 500 MiB process read utilization 62.5 and
+    headroom -492 MiB."""
+    from bench.run.memory.cuda import CudaRecorder
+    from bench.run.memory.cuda_stats import CudaAllocatorStats
+
+    mib = 1 << 20
+    stats = CudaAllocatorStats(allocated_bytes=4 * mib, peak_allocated_bytes=5 * mib, reserved_bytes=6 * mib,
+                               peak_reserved_bytes=6 * mib)
+    results = {}
+    for capped in (False, True):
+        recorder = CudaRecorder(0, torch.device("cuda", 0), 8 * mib, None, 0, read_stats=lambda d: stats,
+                                reset_peaks=lambda d: None, sampler=FakeSampler(500 * mib),
+                                synchronize=lambda d: None, capped=capped)
+        with recorder.phase(0, "forward"):
+            pass
+        results[capped] = recorder.result("ok")
+        recorder.close()
+    assert results[False].utilization == 62.5 and results[False].headroom_bytes == -492 * mib
+    assert results[True].peak_bytes == 500 * mib  # still the process's memory
+    assert (results[True].utilization, results[True].headroom_bytes) == (0.75, 2 * mib)
+
+
+def test_gradients_freed_before_a_forward_peak_are_not_counted_at_it():
+    """Audit N22: the static part was "as of the last attribute()": the native backend attributes
+    embedding_grads each backward and zero_grad(set_to_none) frees them before the next forward, so a
+    forward peak counted them, `activations` fell short and `other` went negative."""
+    from bench.run.memory.cuda import CudaRecorder
+    from bench.run.memory.cuda_stats import CudaAllocatorStats
+
+    mib = 1 << 20
+    weights, grads = torch.empty(8 * mib, dtype=torch.uint8), torch.empty(6 * mib, dtype=torch.uint8)
+    stats = CudaAllocatorStats(allocated_bytes=10 * mib, peak_allocated_bytes=12 * mib, reserved_bytes=12 * mib,
+                               peak_reserved_bytes=12 * mib)
+    recorder = CudaRecorder(0, torch.device("cpu"), 80 << 30, None, warmup_steps=0, read_stats=lambda d: stats,
+                            reset_peaks=lambda d: None, sampler=FakeSampler(12 * mib), synchronize=lambda d: None,
+                            is_uvm=lambda tensor: False)
+    recorder.attribute({"embedding_weights": [weights], "embedding_grads": [grads]})
+    del grads  # zero_grad(set_to_none=True): the gradient is gone before the forward
+    with recorder.phase(1, "forward"):
+        pass
+    breakdown = recorder.result("ok").breakdown
+    assert breakdown["embedding_grads"] == 0 and breakdown["embedding_weights"] == 8 * mib
+    assert breakdown["activations"] == 4 * mib and breakdown.get("other", 0) >= 0

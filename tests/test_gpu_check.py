@@ -28,8 +28,9 @@ def test_gpu_check_simulated_passes_every_check_it_can_run(tmp_path):
     assert [line.split(":")[0] for line in lines if line.startswith("SKIP ")] == ["SKIP API probes",
                                                                                  "SKIP recorder overhead"]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert report["simulated"] and report["failed"] == [] and len(report["checks"]) == 19
-    assert lines[-1] == "gpu check (simulated): 17 passed, 0 failed, 2 skipped"
+    assert report["simulated"] and report["failed"] == [] and len(report["checks"]) == 31
+    assert sum(line.startswith("PASS allocator sequence: ") for line in lines) == 12
+    assert lines[-1] == "gpu check (simulated): 29 passed, 0 failed, 2 skipped"
     trace = json.loads((tmp_path / "allocation_trace.json").read_text())
     assert len(trace) > 100 and all(len(event) == 2 for event in trace)
     # the forced OOM run on a 5 MiB simulated device: the model retried after freeing its cache, then refused
@@ -57,3 +58,17 @@ def test_without_a_gpu_the_check_says_so_in_one_line_and_exits_2(tmp_path):
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("gpu check: no CUDA device visible")
     assert not (tmp_path / "gpu_check.json").exists()
+
+
+def test_a_python_without_torch_is_named_as_such_not_as_no_gpu(tmp_path):
+    """Audit N20: the nightly job ran the check with a python that had no torch, and it said "no CUDA
+    device visible"."""
+    import shutil
+
+    bare = shutil.which("python3", path="/usr/bin:/bin") or shutil.which("python3")
+    if subprocess.run([bare, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip("no python without torch here")
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--out", str(tmp_path)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": bare})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"gpu check: {bare} has no torch; name the python whose torch to check with PYTHON=..."

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from bench.gpucheck import recorder_checks, replay, verdicts
+from bench.gpucheck import recorder_checks, replay, sequences, verdicts
 from bench.gpucheck.log import CheckLog
 from bench.run.memory.simulated import SimulatedCudaRecorder, SimulatedNvml, SimulatedSnapshots
 
@@ -159,14 +159,16 @@ def test_a_stage_that_raises_is_a_fail_line_and_the_next_stages_still_run(tmp_pa
 
     ran = []
     monkeypatch.setattr(replay, "allocator_replay", lambda *a: ran.append("replay"))
+    monkeypatch.setattr(sequences, "allocator_sequences", lambda *a: ran.append("sequences"))
     monkeypatch.setattr(recorder_checks, "recorder_checks", broken)
     for name in ("native_run", "oom_drill", "watchdog_drill", "torchrec_run"):
         monkeypatch.setattr(runs, name, lambda *a, name=name: ran.append(name))
     log = CheckLog(json_path=tmp_path / "gpu_check.json", simulated=True)
     gpu_check.run_all(True, tmp_path, STEPS, WIDTH, BATCH, log)
-    assert ran == ["replay", "native_run", "oom_drill", "watchdog_drill", "torchrec_run"]
-    assert log.failed == ["stage 3"] and "planted: the recorder could not start" in log.checks[-1].detail
-    assert json.loads((tmp_path / "gpu_check.json").read_text())["failed"] == ["stage 3"]
+    assert ran == ["replay", "sequences", "native_run", "oom_drill", "watchdog_drill", "torchrec_run"]
+    assert log.failed == ["stage recorder checks"]
+    assert "planted: the recorder could not start" in log.checks[-1].detail
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["failed"] == ["stage recorder checks"]
 
 
 @pytest.mark.slow

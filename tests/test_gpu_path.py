@@ -237,3 +237,16 @@ def test_torchrecs_host_memory_is_a_node_s_share_per_rank(monkeypatch):
         torchrec_adapter.make_sharding_plan(cfg, None, 16, 8, "cuda", 80 << 30, None)
     assert seen["ddr_cap_bytes"] == int(cfg.hardware.host_memory_gib * 1024**3) // 8
     assert seen["local_world_size"] == 8
+
+
+def test_a_launch_whose_gpu_memory_is_unknown_says_so(capsys):
+    """Audit N18: NVML unreadable in the launcher made hardware=auto plan with the preset's 4 GiB, silently."""
+    from bench.run.launchspec import resolve_launch
+
+    cfg = cuda_config()
+    launch = resolve_launch(cfg, 2, None)
+    warning = capsys.readouterr().err
+    assert launch.capacity_bytes == int(cfg.hardware.capacity_gib * 1024**3)
+    assert "memory could not be read here (NVML)" in warning and f"{cfg.hardware.capacity_gib:g} GiB" in warning
+    resolve_launch(cfg, 2, 80 << 30)
+    assert capsys.readouterr().err == ""

@@ -182,3 +182,25 @@ def test_a_sigterm_while_the_failure_is_written_does_not_lose_the_result(tmp_pat
         signal.signal(signal.SIGTERM, previous)
     assert code == 1
     assert store.load_rank_result(store.rank_file(tmp_path, 0)).status == "failed"
+
+
+def test_a_recorder_that_cannot_start_still_leaves_the_rank_a_result(tmp_path, monkeypatch):
+    """Audit N9: under MIG UUIDs (or without libnvidia-ml) torch's NVML mapping raises; that was outside
+    every `try`, so the rank died with no result. The CUDA recorder now runs without NVML, and a recorder
+    that cannot be made at all leaves a `failed` result naming why."""
+    from bench.results import store
+    from bench.run import worker
+    from bench.run.memory import cuda as cuda_recorder
+
+    def mig(index):
+        raise RuntimeError("device 0 is not visible (CUDA_VISIBLE_DEVICES=MIG-...)")
+
+    monkeypatch.setattr(cuda_recorder, "nvml_device_index", mig)
+    recorder = cuda_recorder.CudaRecorder(0, torch.device("cuda", 0), 1 << 30, None, 0, read_stats=lambda d: None,
+                                          reset_peaks=lambda d: None)
+    assert recorder.sampler is None
+    fallback = worker.StepTimeRecorder(3, torch.device("cpu"), 1 << 30, None, 0)  # what main falls back to
+    fallback.heartbeat = lambda: None
+    code = worker.record_failure(tmp_path, fallback, 3, RuntimeError("the recorder could not start"))
+    result = store.load_rank_result(store.rank_file(tmp_path, 3))
+    assert code == 1 and result.status == "failed" and "could not start" in result.error

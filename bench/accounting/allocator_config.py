@@ -8,8 +8,10 @@ import os
 import re
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-# torch reads PYTORCH_ALLOC_CONF, and the older PYTORCH_CUDA_ALLOC_CONF
-ALLOC_CONF_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+# the variables torch 2.13's CUDA allocator reads, first set one wins: CUDAAllocatorConfig::instance (and
+# AcceleratorAllocatorConfig::instance) take the older PYTORCH_CUDA_ALLOC_CONF over PYTORCH_ALLOC_CONF, and a
+# variable set to the empty string counts as set (c10::utils::get_env has a value)
+ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 ASYNC_BACKEND = "cudaMallocAsync"
 # one option: key:value, where a value may be a bracketed list with commas (roundup_power2_divisions)
 _OPTION = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*(\[[^\]]*\]|[^,]*)\s*(?:,|$)")
@@ -32,11 +34,11 @@ def parse_allocator_config(text: str) -> Dict[str, Any]:
 
 # the run's allocator.* settings, by their PYTORCH_CUDA_ALLOC_CONF option names
 ALLOCATOR_OPTIONS = ("expandable_segments", "max_split_size_mb", "garbage_collection_threshold",
-                     "roundup_power2_divisions")
+                     "roundup_power2_divisions", "large_segment_size_mb")
 
 
 def _environment_conf(environ: Mapping[str, str]) -> Tuple[Optional[str], str]:
-    source = next((name for name in ALLOC_CONF_VARIABLES if environ.get(name)), None)
+    source = next((name for name in ALLOC_CONF_VARIABLES if name in environ), None)
     return source, (environ.get(source, "") if source else "")
 
 

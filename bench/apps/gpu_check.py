@@ -5,7 +5,8 @@
 
 Checks, one PASS / FAIL / SKIP line each, all written to DIR/gpu_check.json: an allocation trace replayed
 through torch.cuda and through membench's caching allocator model (peak reserved and inactive-split within
-2%), the real APIs membench reads (memory_stats keys, peak reset, allocator backend, NVML v2 and per-process
+2%), twelve short allocator sequences whose statistics were derived by hand from the C++ source (torch.cuda
+must give them exactly, in a child process with a fresh allocator), the real APIs membench reads (memory_stats keys, peak reset, allocator backend, NVML v2 and per-process
 memory, NVML index of each torch device), the CUDA recorder on a small model (peaks, NVML, breakdown,
 snapshot, overhead, a forced OOM), then `membench run` itself: the native backend on one GPU (timeline,
 snapshot), a forced OOM, a stalled rank the watchdog must end without leaving a process, and the torchrec
@@ -19,7 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from bench.gpucheck.log import CheckLog
 
@@ -32,31 +33,33 @@ def run_all(simulate: bool, out_dir: Path, steps: int, width: int, batch: int, l
     from bench.gpucheck.probes import api_probes
     from bench.gpucheck.recorder_checks import recorder_checks, target_for
     from bench.gpucheck.replay import allocator_replay
+    from bench.gpucheck.sequences import allocator_sequences
     from bench.gpucheck.runs import native_run, oom_drill, torchrec_run, watchdog_drill
 
     target = target_for(simulate, log)
     if target is None:
         return
-    stages: List[Callable[[], None]] = [
+    stages: List[Tuple[str, Callable[[], None]]] = [
         # first: the replay needs an allocator nothing else has used yet
-        lambda: allocator_replay(target, out_dir, width, batch, log),
-        lambda: (log.skip("API probes", "simulated: no CUDA or NVML to ask") if simulate
-                 else api_probes(target.device, log)),
-        lambda: recorder_checks(target, out_dir, steps, width, batch, log),
-        lambda: native_run(simulate, out_dir, log),
-        lambda: oom_drill(simulate, out_dir, log),
-        lambda: watchdog_drill(simulate, out_dir, log),
-        lambda: torchrec_run(simulate, out_dir, log),
+        ("allocator replay", lambda: allocator_replay(target, out_dir, width, batch, log)),
+        ("allocator sequences", lambda: allocator_sequences(simulate, out_dir, log)),
+        ("API probes", lambda: (log.skip("API probes", "simulated: no CUDA or NVML to ask") if simulate
+                                else api_probes(target.device, log))),
+        ("recorder checks", lambda: recorder_checks(target, out_dir, steps, width, batch, log)),
+        ("native run", lambda: native_run(simulate, out_dir, log)),
+        ("OOM drill", lambda: oom_drill(simulate, out_dir, log)),
+        ("watchdog drill", lambda: watchdog_drill(simulate, out_dir, log)),
+        ("torchrec run", lambda: torchrec_run(simulate, out_dir, log)),
     ]
     started = time.monotonic()
-    for number, stage in enumerate(stages, 1):
+    for name, stage in stages:
         if time.monotonic() - started > BUDGET_S:
-            log.skip(f"stage {number}", f"time budget of {BUDGET_S} s spent")
+            log.skip(f"stage {name}", f"time budget of {BUDGET_S} s spent")
             continue
         try:
             stage()
         except Exception as err:  # noqa: BLE001 (one stage's failure is its FAIL line; the next stages run)
-            log.check(f"stage {number}", False, f"stopped: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            log.check(f"stage {name}", False, f"stopped: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
 
 
 def cuda_available() -> Optional[str]:

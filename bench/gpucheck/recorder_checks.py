@@ -200,3 +200,9 @@ def recorder_checks(target: Target, out_dir: Path, steps: int, width: int, batch
     event = _forced_oom(target, out_dir)
     log.verdict("forced OOM recorded", oom_recorded(event, FORCED_OOM_BYTES))
     log.check("OOM snapshot", (out_dir / "oom_rank0.pickle").exists(), str(out_dir / "oom_rank0.pickle"))
+    del model, optimizer
+    if not target.simulated:
+        # the `membench run` stages share this GPU: what this process keeps cached would be in their
+        # device-wide NVML readings wherever NVML cannot report per process (audit N7)
+        torch.cuda.synchronize(target.device)
+        torch.cuda.empty_cache()

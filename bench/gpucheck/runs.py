@@ -88,8 +88,12 @@ def native_run(simulate: bool, out_dir: Path, log: CheckLog) -> None:
     # what was reserved, so a later sample sees at least the peak
     per_rank = [(rank["rank"], nvml_covers_reserved((rank.get("nvml") or {}).get("device_used_peak_bytes"),
                                                     rank["peak_reserved_bytes"] or 0)) for rank in summary["per_rank"]]
+    reading = {True: "this process's NVML entry", False: "the device's used (NVML lists no process here, so "
+                                                           "other processes on the GPU are in it)"}
     log.check("native: NVML used >= reserved", all(verdict.ok for _, verdict in per_rank),
-              "; ".join(f"rank {rank}: {verdict.detail}" for rank, verdict in per_rank))
+              "; ".join(f"rank {rank}: {verdict.detail}" for rank, verdict in per_rank) + "; reading: " +
+              ", ".join(sorted({reading[bool((r.get("nvml") or {}).get("process_reported"))]
+                                for r in summary["per_rank"]})))
     log.check("native: memory_viz snapshot", bool(list(run_dir.glob("snapshot_rank*.pickle"))), str(run_dir))
     versions_ok = simulate or "cuda" in summary["versions"]  # a simulated device has no CUDA to name
     log.check("native: allocator and versions recorded", bool(summary.get("allocator")) and versions_ok,

@@ -106,3 +106,13 @@ def overhead_within(recorded_s: List[float], plain_s: List[float], limit: float 
     return Verdict(ratio < limit, f"step {recorded * 1e3:.2f} ms recorded vs {plain * 1e3:.2f} ms plain "
                                   f"({len(recorded_s)} + {len(plain_s)} interleaved blocks): ratio {ratio:.3f}, "
                                   f"limit {limit}")
+
+
+def sequence_matches(expected: Dict[str, int], measured: Dict[str, int], source: str) -> Verdict:
+    """Every hand-derived statistic of an allocator sequence, exactly (bytes and counts: no tolerance)."""
+    wrong = {key: (value, measured.get(key)) for key, value in expected.items() if measured.get(key) != value}
+    if not wrong:
+        return Verdict(True, f"{source} gives all {len(expected)} statistics exactly")
+    return Verdict(False, f"{source} differs: " + ", ".join(
+        f"{key} {'missing' if got is None else format(got, ',')} (hand-derived {want:,})"
+        for key, (want, got) in wrong.items()))

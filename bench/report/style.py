@@ -19,6 +19,7 @@ PHASE_COLORS = MappingProxyType({"build": "#BBBBBB", "input": "#F0E442", "forwar
 # Paul Tol's "muted" scheme (colour-blind safe), one fixed colour per breakdown category.
 CATEGORY_COLORS = MappingProxyType({
     "embedding_weights": "#332288", "embedding_optimizer": "#88CCEE", "embedding_grads": "#44AA99",
+    "embedding_cache": "#6699CC", "embedding_cache_state": "#AADDEE",
     "dense_params": "#117733", "dense_grads": "#999933", "dense_optimizer": "#DDCC77",
     "activations": "#CC6677", "comm_buffers": "#882255", "inputs_in_flight": "#661100",
     "allocator_overhead": "#AA4499",

@@ -65,6 +65,10 @@ IN_FLIGHT = "inputs_in_flight"  # batches a train pipeline holds beyond the one 
 CATEGORIES = (
     "embedding_weights",
     "embedding_optimizer",
+    # the HBM cache of UVM-caching tables (fused_uvm_caching: fbgemm's lxu_cache_weights) and the cache's
+    # bookkeeping (its index map, slot states, LRU/LFU state, locking counters)
+    "embedding_cache",
+    "embedding_cache_state",
     # gradients of tables that are not fused into the optimizer (data-parallel tables, native backend)
     "embedding_grads",
     "dense_params",

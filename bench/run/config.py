@@ -59,6 +59,7 @@ class AllocatorConfig:
     max_split_size_mb: Optional[int] = None
     garbage_collection_threshold: Optional[float] = None
     roundup_power2_divisions: Optional[int] = None
+    large_segment_size_mb: Optional[int] = None  # torch >= 2.13 (older torch refuses the key)
 
 
 @dataclass
@@ -184,7 +185,8 @@ class RunConfig:
 # Sections and fields added after results were recorded: hashed only when they differ from their default, so that
 # a config which does not use them keeps the hash its baselines (and earlier results) were recorded with
 HASHED_WHEN_SET = {"pipeline": {"name": "plain"}, "workload.tables_file": None, "workload.generator": "auto",
-                   "emulate": {"world_size": None, "rank": "auto"}, "sharding.column_shard_dim": None}
+                   "emulate": {"world_size": None, "rank": "auto"}, "sharding.column_shard_dim": None,
+                   "allocator.large_segment_size_mb": None}
 
 
 def register_configs() -> None:

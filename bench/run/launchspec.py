@@ -184,6 +184,10 @@ def _local_node_ranks(cfg: RunConfig) -> Tuple[int, ...]:
 
 def resolve_launch(cfg: RunConfig, cuda_devices: int, device_memory_bytes: Optional[int] = None) -> LaunchSpec:
     target = resolve_target(cfg, cuda_devices, device_memory_bytes)
+    if target.device_type == DEVICE_CUDA and not device_memory_bytes:  # NVML unreadable in the launcher (N18)
+        print(f"[membench] warning: the GPUs' memory could not be read here (NVML); the launcher plans and "
+              f"predicts with hardware.capacity_gib={cfg.hardware.capacity_gib:g} GiB per GPU, the ranks record "
+              f"against their device's own total", file=sys.stderr)
     backend = _dist_backend(cfg, target.device_type)
     local_nodes = _local_node_ranks(cfg)
     local_ranks = len(local_nodes) * target.ranks_per_node

@@ -21,6 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from bench.results.schema import DEVICE_CUDA, EXIT_FAILED, EXIT_OK, EXIT_OOM
 from bench.run.memory.factory import make_recorder
+from bench.run.memory.recorder import StepTimeRecorder
 from bench.accounting.oom import OomEvent, is_memory_failure
 from bench.run.backends import make_backend
 from bench.planning.torchrec_adapter import quiet_libraries
@@ -155,6 +156,17 @@ def finish(run_dir: Path, recorder, synchronize) -> None:
     recorder.close()
 
 
+def rank_recorder(cfg, launch: LaunchSpec, rank: int, device: torch.device, run_dir: Path):
+    """This rank's memory recorder, heartbeat wired (and, in the fault drill, made to stall once)."""
+    timeline = timeline_file(run_dir, rank) if cfg.record.timeline else None
+    recorder = make_recorder(cfg, launch, rank, device, timeline, run_dir)
+    recorder.heartbeat = lambda: heartbeat(run_dir, rank)
+    if os.environ.get("MEMBENCH_FAULT_HANG_RANK") == str(rank):  # fault drill: this rank stops making progress
+        resume = recorder.heartbeat
+        recorder.heartbeat = lambda: hang_once(recorder, resume)
+    return recorder
+
+
 def process_rank(launch: LaunchSpec) -> Tuple[int, int]:
     """(global rank, local rank) this process trains: torchrun's, or the emulated one (emulate.*)."""
     if launch.emulated_rank is not None:
@@ -197,16 +209,15 @@ def main(argv=None) -> int:
         device = torch.device("cpu")
     torch.manual_seed(cfg.workload.seed)
     init_group(launch)
-    timeline = timeline_file(args.run_dir, rank) if cfg.record.timeline else None
-    recorder = make_recorder(cfg, launch, rank, device, timeline, args.run_dir)
-    recorder.heartbeat = lambda: heartbeat(args.run_dir, rank)
-    if os.environ.get("MEMBENCH_FAULT_HANG_RANK") == str(rank):  # fault drill: this rank stops making progress
-        resume = recorder.heartbeat
-        recorder.heartbeat = lambda: hang_once(recorder, resume)
+    recorder = None
     try:
+        recorder = rank_recorder(cfg, launch, rank, device, args.run_dir)
         recorder.start()
         train(cfg, launch, args.run_dir, rank, device, recorder)
     except BaseException as exc:
+        if recorder is None:  # the recorder could not start: its failure is still this rank's result (N9)
+            recorder = StepTimeRecorder(rank, device, launch.capacity_bytes, None, cfg.workload.warmup_steps)
+            recorder.heartbeat = lambda: heartbeat(args.run_dir, rank)
         code = record_failure(args.run_dir, recorder, rank, exc)
         if code == EXIT_OOM or isinstance(exc, Terminated):
             # os._exit: the peers are blocked in a collective; a normal teardown could hang on them

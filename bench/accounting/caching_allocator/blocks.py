@@ -1,15 +1,15 @@
 """Blocks, block pools and expandable segments of the caching allocator (the source's Block, BlockPool,
 ExpandableSegment) and try_merge_blocks.
 
-A BlockPool's free blocks are kept as the source's std::set ordered by BlockComparatorSize (size, then
-address; one stream, so the stream key drops out): a sorted list of (size, address) keys searched with
-bisect (O(log n)) and edited with list insert/delete (O(n) memmove, fast for the thousands of free blocks
-a training step leaves), plus a dict from address to Block. Its unmapped blocks (expandable segments) are
-the address-ordered set BlockComparatorAddress orders, kept the same way by address."""
+A BlockPool's free blocks are kept as the source's std::set ordered by BlockComparatorSize (stream, size,
+then address): a sorted list of (stream, size, address) keys searched with bisect (O(log n)) and edited
+with list insert/delete (O(n) memmove, fast for the thousands of free blocks a training step leaves), plus
+a dict from address to Block. Its unmapped blocks (expandable segments) are the set BlockComparatorAddress
+orders (stream, then address), kept the same way. Streams are small integers, 0 the default stream."""
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from bench.accounting.caching_allocator.stats import LARGE_POOL, SMALL_POOL
 
@@ -18,11 +18,14 @@ class Block:
     """A range of device memory: a whole segment or part of one (linked to its neighbours by prev/next).
     `mapped` is False only for address space of an expandable segment with no physical pages behind it."""
     __slots__ = ("address", "size", "requested_size", "pool", "allocated", "mapped", "prev", "next",
-                 "gc_count_base", "expandable_segment")
+                 "gc_count_base", "expandable_segment", "stream", "stream_uses", "event_count")
 
     def __init__(self, address: int, size: int, pool: "BlockPool",
-                 expandable_segment: Optional["ExpandableSegment"] = None, mapped: bool = True):
+                 expandable_segment: Optional["ExpandableSegment"] = None, mapped: bool = True, stream: int = 0):
         self.address, self.size, self.pool = address, size, pool
+        self.stream = stream  # the stream it was allocated on: only that stream's requests reuse it
+        self.stream_uses: Set[int] = set()  # other streams record_stream named while it was allocated
+        self.event_count = 0  # events not yet complete since its free: until 0, it is not free
         self.requested_size = 0
         self.allocated = False
         self.mapped = mapped
@@ -43,6 +46,10 @@ class Block:
             after.prev = self
         self.next = after
 
+    def is_free(self) -> bool:
+        """Neither allocated nor waiting for another stream's work (the source's `allocatable`)."""
+        return not self.allocated and self.event_count == 0 and not self.stream_uses
+
     def gc_count(self) -> int:
         """How many get_free_block calls on its pool this cached block has sat through."""
         return self.pool.get_free_blocks_call_count - self.gc_count_base
@@ -56,9 +63,9 @@ class BlockPool:
     def __init__(self, is_small: bool):
         self.is_small = is_small
         self.stat_index = SMALL_POOL if is_small else LARGE_POOL
-        self._keys: List[Tuple[int, int]] = []  # (size, address), sorted: BlockComparatorSize
+        self._keys: List[Tuple[int, int, int]] = []  # (stream, size, address), sorted: BlockComparatorSize
         self._by_address: Dict[int, Block] = {}
-        self._unmapped_addresses: List[int] = []  # sorted: BlockComparatorAddress
+        self._unmapped_addresses: List[Tuple[int, int]] = []  # (stream, address), sorted: BlockComparatorAddress
         self._unmapped: Dict[int, Block] = {}
         self.get_free_blocks_call_count = 0
 
@@ -68,41 +75,48 @@ class BlockPool:
     def insert_into_blocks(self, block: Block) -> None:
         """BlockPool::insert_into_blocks: cache `block`, stamping the gc counter it is aged against."""
         block.gc_count_base = self.get_free_blocks_call_count
-        insort(self._keys, (block.size, block.address))
+        insort(self._keys, (block.stream, block.size, block.address))
         self._by_address[block.address] = block
 
     def erase(self, block: Block) -> None:
         """pool.blocks.erase(block); call it before changing the block's size or address."""
-        del self._keys[bisect_left(self._keys, (block.size, block.address))]
+        del self._keys[bisect_left(self._keys, (block.stream, block.size, block.address))]
         del self._by_address[block.address]
 
-    def lower_bound(self, size: int) -> int:
-        """Index of the smallest cached block of at least `size` bytes, lowest address first among equals
-        (the search key's null pointer sorts before every block); len(self) when there is none."""
-        return bisect_left(self._keys, (size, 0))
+    def lower_bound(self, size: int, stream: int = 0) -> int:
+        """Index of the first cached block not before (stream, size), lowest address first among equals (the
+        search key's null pointer sorts before every block): the best fit when it is of `stream`; len(self)
+        when there is none. Callers check the block's stream, as the source does."""
+        return bisect_left(self._keys, (stream, size, 0))
 
     def block_at(self, index: int) -> Block:
-        return self._by_address[self._keys[index][1]]
+        return self._by_address[self._keys[index][2]]
 
     def blocks(self) -> List[Block]:
         """The cached blocks in BlockComparatorSize order (a copy: callers release blocks while iterating)."""
         by_address = self._by_address
-        return [by_address[address] for _, address in self._keys]
+        return [by_address[address] for _, _, address in self._keys]
 
     def total_bytes(self) -> int:
-        return sum(size for size, _ in self._keys)
+        return sum(size for _, size, _ in self._keys)
 
     def insert_unmapped(self, block: Block) -> None:
-        insort(self._unmapped_addresses, block.address)
+        insort(self._unmapped_addresses, (block.stream, block.address))
         self._unmapped[block.address] = block
 
     def erase_unmapped(self, block: Block) -> None:
-        del self._unmapped_addresses[bisect_left(self._unmapped_addresses, block.address)]
+        del self._unmapped_addresses[bisect_left(self._unmapped_addresses, (block.stream, block.address))]
         del self._unmapped[block.address]
 
-    def unmapped_blocks(self) -> List[Block]:
-        """The unmapped blocks from the lowest address up (a copy)."""
-        return [self._unmapped[address] for address in self._unmapped_addresses]
+    def unmapped_blocks(self, stream: int = 0) -> List[Block]:
+        """The unmapped blocks of `stream`'s expandable segments from the lowest address up (a copy)."""
+        start = bisect_left(self._unmapped_addresses, (stream, 0))
+        blocks = []
+        for block_stream, address in self._unmapped_addresses[start:]:
+            if block_stream != stream:
+                break
+            blocks.append(self._unmapped[address])
+        return blocks
 
 
 class ExpandableSegment:
@@ -137,9 +151,9 @@ class ExpandableSegment:
 
 
 def try_merge_blocks(dst: Block, src: Optional[Block], pool: BlockPool) -> int:
-    """The source's try_merge_blocks: fold the free neighbour `src` into `dst` when both are mapped or both
-    unmapped; `src` leaves its pool's set. Returns the bytes subsumed, 0 when nothing merged."""
-    if src is None or src.allocated or dst.mapped != src.mapped:
+    """The source's try_merge_blocks: fold the free neighbour `src` (no pending events or stream uses) into
+    `dst` when both are mapped or both unmapped; `src` leaves its pool's set. Returns the bytes subsumed, 0 when nothing merged."""
+    if src is None or not src.is_free() or dst.mapped != src.mapped:
         return 0
     if src.mapped:
         pool.erase(src)

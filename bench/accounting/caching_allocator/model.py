@@ -1,4 +1,5 @@
-"""CachingAllocatorModel: DeviceCachingAllocator's malloc and free paths for one device and one stream."""
+"""CachingAllocatorModel: DeviceCachingAllocator's malloc and free paths for one device: per-stream pools
+(a freed block serves only requests on the stream it was allocated on) and record_stream's deferred frees."""
 from __future__ import annotations
 
 from typing import Dict, Hashable, Optional
@@ -6,6 +7,7 @@ from typing import Dict, Hashable, Optional
 from bench.accounting.caching_allocator.blocks import Block, BlockPool, try_merge_blocks
 from bench.accounting.caching_allocator.device import SimulatedDevice
 from bench.accounting.caching_allocator.errors import SimulatedOutOfMemory
+from bench.accounting.caching_allocator.events import StreamEvents
 from bench.accounting.caching_allocator.release import (garbage_collect_cached_blocks, release_available_cached_blocks,
                                                         release_cached_blocks)
 from bench.accounting.caching_allocator.segments import SegmentManager
@@ -41,18 +43,20 @@ class CachingAllocatorModel:
         self.large_blocks, self.small_blocks = BlockPool(is_small=False), BlockPool(is_small=True)
         self._division_table = division_table_of(settings)
         self._max_non_split_rounding = settings.max_non_split_rounding_size
+        self._large_segment_size = settings.large_segment_size
         self._expandable = settings.expandable_segments
         threshold = settings.garbage_collection_threshold or 0.0
         # the source counts get_free_block calls and collects garbage only under an allowed maximum
         self._gc_threshold = threshold if allowed_bytes is not None and threshold > 0.0 else 0.0
         self._active: Dict[Hashable, Block] = {}  # active_blocks, by the caller's key
+        self.events = StreamEvents()
         self._zero_byte_keys = set()
 
     # -- public API ------------------------------------------------------------------------------------
 
-    def malloc(self, nbytes: int, key: Hashable) -> int:
-        """Allocate `nbytes` for `key`; returns the block's address (0 for a 0-byte request, which, as
-        torch's allocate(), takes no block and leaves the statistics alone)."""
+    def malloc(self, nbytes: int, key: Hashable, stream: int = 0) -> int:
+        """Allocate `nbytes` for `key` on `stream` (0: the default stream); returns the block's address (0
+        for a 0-byte request, which, as torch's allocate(), takes no block and leaves the statistics alone)."""
         if nbytes < 0:
             raise ValueError(f"cannot allocate {nbytes} bytes")
         if key in self._active or key in self._zero_byte_keys:
@@ -62,9 +66,26 @@ class CachingAllocatorModel:
             return 0
         if nbytes >= ONE_EXA_BYTES:
             raise self._out_of_memory(nbytes, nbytes, nbytes)
-        block = self._malloc(nbytes)
+        for freed in self.events.completed():  # process_events, first thing in malloc
+            self._free_block(freed)
+        block = self._malloc(nbytes, stream)
         self._active[key] = block
         return block.address
+
+    def record_stream(self, key: Hashable, stream: int) -> None:
+        """recordStream: `stream` uses the allocation of `key`; its free waits for that stream's work."""
+        block = self._active[key]
+        if stream != block.stream:
+            block.stream_uses.add(stream)
+
+    def stream_busy(self, stream: int) -> None:
+        """Work was queued on `stream` (an event recorded there now completes only at its synchronize)."""
+        self.events.busy(stream)
+
+    def synchronize(self, stream: Optional[int] = None) -> None:
+        """torch.cuda.synchronize() (every stream) or stream.synchronize(): queued work has run. Blocks whose
+        events complete are freed at the next malloc (process_events) or empty_cache, as in the source."""
+        self.events.synchronize(None if stream is None else [stream])
 
     def free(self, key: Hashable) -> None:
         """Free the allocation of `key` (the source's free + free_block: merge with free neighbours, cache)."""
@@ -81,7 +102,10 @@ class CachingAllocatorModel:
         self.trace.record(FREE_REQUESTED, block.address, block.requested_size)
         if block.size >= self.max_split_size:
             decrease(stats.oversize_allocations, 1)
-        self._free_block(block)
+        if block.stream_uses:
+            self.events.record(block)  # insert_events: free_block once they complete
+        else:
+            self._free_block(block)
 
     def memory_stats(self) -> Dict[str, int]:
         """torch.cuda.memory_stats() of the simulated device: same keys, sorted."""
@@ -95,43 +119,51 @@ class CachingAllocatorModel:
 
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache(): release_cached_blocks."""
-        release_cached_blocks(self.segments, self.large_blocks, self.small_blocks)
+        self._release_cached_blocks()
+
+    def _release_cached_blocks(self) -> bool:
+        for freed in self.events.wait_all():  # synchronize_and_free_events comes first
+            self._free_block(freed)
+        return release_cached_blocks(self.segments, self.large_blocks, self.small_blocks)
 
     def snapshot(self) -> dict:
         """torch.cuda.memory._snapshot() of the simulated device (records a "snapshot" trace entry, as the
         source does)."""
-        all_blocks = self.small_blocks.blocks() + self.large_blocks.blocks() + list(self._active.values())
+        all_blocks = (self.small_blocks.blocks() + self.large_blocks.blocks() + list(self._active.values())
+                      + self.events.pending_blocks())
         segments = segment_dicts(all_blocks)
         self.trace.record(SNAPSHOT, 0, sum(segment["active_size"] for segment in segments))
         return {"segments": segments, "device_traces": [self.trace.entries()]}
 
     # -- malloc path (DeviceCachingAllocator::malloc) --------------------------------------------------
 
-    def _malloc(self, orig_size: int) -> Block:
+    def _malloc(self, orig_size: int, stream: int) -> Block:
         size = round_size(orig_size, self._division_table)
         pool = self.small_blocks if size <= kSmallSize else self.large_blocks
-        alloc_size = get_allocation_size(size)
-        block = self._get_free_block(pool, size)  # no FreeCudaMemoryCallbacks are registered to retry with
+        alloc_size = get_allocation_size(size, self._large_segment_size)
+        block = self._get_free_block(pool, size, stream)  # FreeCudaMemoryCallbacks free no block here
         if block is None:
             if self._gc_threshold:
                 garbage_collect_cached_blocks(self.segments, self.large_blocks, self._gc_threshold)
-            block = self._alloc_block(pool, size, alloc_size, is_retry=False)
-            if block is None and release_available_cached_blocks(self.segments, pool, size, self.max_split_size):
-                block = self._alloc_block(pool, size, alloc_size, is_retry=False)
-            if block is None and release_cached_blocks(self.segments, self.large_blocks, self.small_blocks):
-                block = self._alloc_block(pool, size, alloc_size, is_retry=True)
+            block = self._alloc_block(pool, size, alloc_size, stream, is_retry=False)
+            if block is None and release_available_cached_blocks(self.segments, pool, size, self.max_split_size,
+                                                                 stream):
+                block = self._alloc_block(pool, size, alloc_size, stream, is_retry=False)
+            if block is None and self._release_cached_blocks():
+                block = self._alloc_block(pool, size, alloc_size, stream, is_retry=True)
         if block is None:
             self.trace.record(OOM, self.device.free_bytes(), size)
             self.stats.num_ooms += 1
             raise self._out_of_memory(orig_size, size, alloc_size)
         return self._alloc_found_block(block, pool, size, orig_size, self._should_split(block, size))
 
-    def _get_free_block(self, pool: BlockPool, size: int) -> Optional[Block]:
-        """get_free_block: the best-fit cached block, within the max_split_size rules; it leaves the pool."""
+    def _get_free_block(self, pool: BlockPool, size: int, stream: int) -> Optional[Block]:
+        """get_free_block: the best-fit cached block of `stream`, within the max_split_size rules; it leaves
+        the pool."""
         if self._gc_threshold:
             pool.get_free_blocks_call_count += 1  # ages cached blocks only while garbage collection is on
-        index = pool.lower_bound(size)
-        if index == len(pool):
+        index = pool.lower_bound(size, stream)
+        if index == len(pool) or pool.block_at(index).stream != stream:
             return None
         block = pool.block_at(index)
         if block.expandable_segment is not None:
@@ -140,7 +172,7 @@ class CachingAllocatorModel:
             # (expandable blocks exist only with expandable_segments on: the model's settings never change)
             while index + 1 < len(pool) and block.expandable_segment is not None:
                 following = pool.block_at(index + 1)
-                if _expandable_size(following) >= _expandable_size(block):
+                if following.stream != stream or _expandable_size(following) >= _expandable_size(block):
                     break
                 index, block = index + 1, following
         if size < self.max_split_size and block.size >= self.max_split_size:
@@ -150,7 +182,8 @@ class CachingAllocatorModel:
         pool.erase(block)
         return block
 
-    def _alloc_block(self, pool: BlockPool, size: int, alloc_size: int, is_retry: bool) -> Optional[Block]:
+    def _alloc_block(self, pool: BlockPool, size: int, alloc_size: int, stream: int,
+                     is_retry: bool) -> Optional[Block]:
         """alloc_block: past the allowed maximum it fails at once; else a new cudaMalloc'd segment of
         alloc_size, or with expandable segments pages mapped for `size`."""
         if is_retry:
@@ -158,8 +191,8 @@ class CachingAllocatorModel:
         if self.device.exceeds_allowed(alloc_size):
             return None
         if self._expandable:
-            return self.segments.try_allocate_expandable_block(pool, size)
-        return self.segments.cuda_malloc(pool, alloc_size)
+            return self.segments.try_allocate_expandable_block(pool, size, stream)
+        return self.segments.cuda_malloc(pool, alloc_size, stream)
 
     def _should_split(self, block: Block, size: int) -> bool:
         """should_split: small pool or expandable segments: a remainder of 512 bytes or more; large pool:
@@ -177,7 +210,7 @@ class CachingAllocatorModel:
         counts_split = block.expandable_segment is None  # inactive_split leaves expandable segments out
         if split:
             remaining = block
-            block = Block(remaining.address, size, pool, remaining.expandable_segment)
+            block = Block(remaining.address, size, pool, remaining.expandable_segment, stream=remaining.stream)
             block.splice(remaining.prev, remaining)
             remaining.address += size
             remaining.size -= size

@@ -33,25 +33,28 @@ def release_cached_blocks(segments: SegmentManager, large_pool: BlockPool, small
 
 
 def release_available_cached_blocks(segments: SegmentManager, pool: BlockPool, size: int,
-                                    max_split_size: int) -> bool:
+                                    max_split_size: int, stream: int = 0) -> bool:
     """release_available_cached_blocks: with max_split_size set, cudaFree the smallest oversize cached block
-    of at least max(size, max_split_size) bytes; failing one, free oversize blocks from the largest down until
-    that many bytes are released. Expandable blocks are skipped, as the newer source does (the older one
-    asserts in release_block instead; unsplit oversize blocks are all cudaMalloc'd in practice)."""
+    of `stream` of at least max(size, max_split_size) bytes; failing one, free that stream's oversize blocks
+    from the largest down until that many bytes are released. Expandable blocks are skipped, as the newer
+    source does (the older one asserts in release_block instead; unsplit oversize blocks are all
+    cudaMalloc'd in practice)."""
     if max_split_size == SIZE_MAX:
         return False
     key_size = max(size, max_split_size)
-    index = pool.lower_bound(key_size)
-    if index < len(pool) and pool.block_at(index).expandable_segment is None:
-        segments.release_block(pool.block_at(index))
-        return True
+    index = pool.lower_bound(key_size, stream)
+    if index < len(pool):
+        found = pool.block_at(index)
+        if found.stream == stream and found.expandable_segment is None:
+            segments.release_block(found)
+            return True
     if index == 0:
         return False
     total_released = 0
     index -= 1  # the largest block
     while total_released < key_size and index >= 0:
         block = pool.block_at(index)
-        if block.size < max_split_size:
+        if block.size < max_split_size or block.stream != stream:
             break
         index -= 1  # move on first: releasing removes the block at this index
         if block.expandable_segment is None:

@@ -18,8 +18,8 @@ from bench.accounting.caching_allocator.trace import (SEGMENT_ALLOC, SEGMENT_FRE
 
 
 def _allocatable(block: Optional[Block]) -> bool:
-    # find_expandable_block's `allocatable`: free (no events or stream uses to wait for in this model)
-    return block is not None and not block.allocated
+    # find_expandable_block's `allocatable`: free, no events or stream uses to wait for
+    return block is not None and block.is_free()
 
 
 class SegmentManager:
@@ -30,12 +30,12 @@ class SegmentManager:
 
     # -- cudaMalloc'd segments -------------------------------------------------------------------------
 
-    def cuda_malloc(self, pool: BlockPool, alloc_size: int) -> Optional[Block]:
+    def cuda_malloc(self, pool: BlockPool, alloc_size: int, stream: int = 0) -> Optional[Block]:
         """alloc_block after its checks: cudaMalloc(alloc_size), which fails without the physical memory;
         on success a new unsplit block, counted as a segment."""
         if not self.device.has_room(alloc_size):
             return None
-        block = Block(self.device.reserve_addresses(alloc_size), alloc_size, pool)
+        block = Block(self.device.reserve_addresses(alloc_size), alloc_size, pool, stream=stream)
         self.device.total_allocated_memory += alloc_size
         stats = self.stats
         stats.increase_pool(stats.segment, pool.stat_index, 1)
@@ -60,11 +60,11 @@ class SegmentManager:
 
     # -- expandable segments ---------------------------------------------------------------------------
 
-    def find_expandable_block(self, pool: BlockPool, size: int) -> Block:
-        """The lowest address in any of the pool's expandable segments where free and unmapped blocks in a
-        row hold `size` bytes (starting at the free block before an unmapped one, if any); a new segment's
-        whole unmapped address space when none does."""
-        for candidate in pool.unmapped_blocks():
+    def find_expandable_block(self, pool: BlockPool, size: int, stream: int = 0) -> Block:
+        """The lowest address in any of the pool's expandable segments of `stream` where free and unmapped
+        blocks in a row hold `size` bytes (starting at the free block before an unmapped one, if any); a new
+        segment's whole unmapped address space when none does."""
+        for candidate in pool.unmapped_blocks(stream):
             if _allocatable(candidate.prev):
                 candidate = candidate.prev
             available, block = 0, candidate
@@ -77,7 +77,7 @@ class SegmentManager:
         page_count = self.device.expandable_reservation(page_size)
         segment = ExpandableSegment(self.device.reserve_addresses(page_size * page_count), page_size, page_count)
         self.expandable_segments.append(segment)
-        candidate = Block(segment.base, segment.size, pool, segment, mapped=False)
+        candidate = Block(segment.base, segment.size, pool, segment, mapped=False, stream=stream)
         pool.insert_unmapped(candidate)
         return candidate
 
@@ -92,7 +92,8 @@ class SegmentManager:
         pool.erase_unmapped(to_map)
         to_map.mapped = True
         if mapped_size < to_map.size:
-            remaining = Block(to_map.address + mapped_size, to_map.size - mapped_size, pool, segment, mapped=False)
+            remaining = Block(to_map.address + mapped_size, to_map.size - mapped_size, pool, segment, mapped=False,
+                              stream=to_map.stream)
             remaining.splice(to_map, to_map.next)
             pool.insert_unmapped(remaining)
             to_map.size = mapped_size
@@ -105,10 +106,10 @@ class SegmentManager:
         self.trace.record(SEGMENT_MAP, mapped_address, mapped_size)
         return True
 
-    def try_allocate_expandable_block(self, pool: BlockPool, size: int) -> Optional[Block]:
+    def try_allocate_expandable_block(self, pool: BlockPool, size: int, stream: int = 0) -> Optional[Block]:
         """try_allocate_expandable_block: map pages from the candidate on until one free block holds `size`
         bytes; that block leaves the pool. None when mapping fails (what was mapped stays, cached)."""
-        candidate = self.find_expandable_block(pool, size)
+        candidate = self.find_expandable_block(pool, size, stream)
         # candidate is: unmapped -> null | unmapped -> free -> * | free -> unmapped -> *
         if not candidate.mapped and not self.map_block(candidate, min(candidate.size, size)):
             return None
@@ -131,12 +132,12 @@ class SegmentManager:
         pool.erase(block)
         before_size = unmapped_address - block.address
         if before_size > 0:
-            before_free = Block(block.address, before_size, pool, segment)
+            before_free = Block(block.address, before_size, pool, segment, stream=block.stream)
             before_free.splice(block.prev, block)
             pool.insert_into_blocks(before_free)
         after_size = block.size - (before_size + unmapped_size)
         if after_size > 0:
-            after_free = Block(unmapped_address + unmapped_size, after_size, pool, segment)
+            after_free = Block(unmapped_address + unmapped_size, after_size, pool, segment, stream=block.stream)
             after_free.splice(block, block.next)
             pool.insert_into_blocks(after_free)
         block.address, block.size, block.mapped = unmapped_address, unmapped_size, False

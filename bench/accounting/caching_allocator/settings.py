@@ -1,23 +1,37 @@
 """The allocator settings the model honours, parsed from PYTORCH_(CUDA_)ALLOC_CONF text the way
 c10/core/AllocatorConfig.cpp (AcceleratorAllocatorConfig::parseArgs, with ConfigTokenizer) does: the text is
 cut into tokens at `,` `:` `[` `]` (spaces dropped), then read as `key:value` pairs separated by commas.
-Keys the model does not use (backend, release_lock_on_cudamalloc, pinned_*, ...) are skipped with their
-value; torch would reject a key it does not know, the model skips it too (it only reads what it models)."""
+Keys torch knows but the model does not use (backend, release_lock_on_cudamalloc, pinned_*, ...) are skipped
+with their value; a key torch does not know is refused as torch refuses it ("Unrecognized key"), so a
+misspelled option fails before launch instead of being silently ignored by both."""
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
-from bench.accounting.caching_allocator.sizes import MIB, ROUNDUP_INTERVALS, SIZE_MAX, kLargeBuffer
+from bench.accounting.caching_allocator.sizes import MIB, ROUNDUP_INTERVALS, SIZE_MAX, kLargeBuffer, kMinLargeAlloc
 
 # roundup_power2_divisions as given: one int for every size, or (interval, divisions) pairs in order, the
 # interval a power-of-two size in MiB (as text) or ">" for every interval after the last one named
 DivisionsSpec = Union[int, Tuple[Tuple[str, int], ...]]
 
-# max_split_size_mb and max_non_split_rounding_mb must be >= 20 (c10/core/AllocatorConfig.cpp; the older
-# c10/cuda/CUDAAllocatorConfig.cpp asked for > 20)
-MIN_SPLIT_MB = kLargeBuffer // MIB  # AllocatorConfig refuses smaller split limits
+# max_split_size_mb and max_non_split_rounding_mb must be >= large_segment_size_mb (20 unless set;
+# c10/core/AllocatorConfig.cpp; the older c10/cuda/CUDAAllocatorConfig.cpp asked for > 20)
+MIN_SPLIT_MB = kLargeBuffer // MIB
+# large_segment_size_mb must exceed kMinLargeAlloc (10 MiB): the requests it serves are those under 10 MiB
+MIN_LARGE_SEGMENT_MB = kMinLargeAlloc // MIB
+
+# every key torch 2.13 accepts: AcceleratorAllocatorConfig::getMutableKeys plus the keys
+# CUDAAllocatorConfig::getKeys registers with its parser hook (torch refuses any other one)
+TORCH_KEYS = frozenset({
+    "large_segment_size_mb", "max_split_size_mb", "max_non_split_rounding_mb", "garbage_collection_threshold",
+    "roundup_power2_divisions", "expandable_segments", "pinned_use_background_threads",
+    "backend", "release_lock_on_cudamalloc", "pinned_use_cuda_host_register", "release_lock_on_hipmalloc",
+    "pinned_use_hip_host_register", "graph_capture_record_stream_reuse", "pinned_reserve_segment_size_mb",
+    "pinned_num_register_threads", "per_process_memory_fraction", "pinned_free_catch_all",
+    "throw_on_cudamalloc_oom"})
 
 
 def _is_power_of_two(value: int) -> bool:
@@ -140,14 +154,19 @@ class AllocatorSettings:
     roundup_power2_divisions: Optional[DivisionsSpec] = None
     max_non_split_rounding_mb: Optional[int] = None
     per_process_memory_fraction: Optional[float] = None  # in [0, 1]
+    large_segment_size_mb: Optional[int] = None  # > 10; the segment of a 1-10 MiB request (20 MiB default)
 
     def __post_init__(self) -> None:
         # normalised so a dict or list given here hashes and compares like the parsed form
         object.__setattr__(self, "roundup_power2_divisions", _normalise_divisions(self.roundup_power2_divisions))
+        segment_mb = self.large_segment_size_mb
+        if segment_mb is not None and segment_mb <= MIN_LARGE_SEGMENT_MB:
+            raise ValueError(f"CachingAllocator option large_segment_size_mb must be > {MIN_LARGE_SEGMENT_MB} MB")
+        min_split_mb = self.large_segment_size // MIB
         for name in ("max_split_size_mb", "max_non_split_rounding_mb"):
             value = getattr(self, name)
-            if value is not None and value < MIN_SPLIT_MB:
-                raise ValueError(f"CachingAllocator option {name} too small, must be >= {MIN_SPLIT_MB}")
+            if value is not None and value < min_split_mb:
+                raise ValueError(f"CachingAllocator option {name} too small, must be >= {min_split_mb}")
         threshold = self.garbage_collection_threshold
         if threshold is not None and not 0.0 < threshold < 1.0:
             raise ValueError("garbage_collect_threshold is invalid, set it in (0.0, 1.0)")
@@ -170,8 +189,12 @@ class AllocatorSettings:
                 _expect(tokens, index + 1, ":")
                 index += 2
                 fields[key] = _FIELD_PARSERS[key](_value(tokens, index, key), key)
-            else:
+            elif key in TORCH_KEYS:
                 index = _skip_value(tokens, index + 1)
+                if key in _CHECKED_BOOLEANS:  # values torch parses with toBool, checked though not modelled
+                    _parse_bool(tokens[index], key)
+            else:
+                raise ValueError(_unrecognized(key))
             if index + 1 < len(tokens):
                 _expect(tokens, index + 1, ",")
                 index += 1
@@ -186,10 +209,19 @@ class AllocatorSettings:
         return min(self.max_split_size_mb, SIZE_MAX // MIB) * MIB
 
     @property
-    def max_non_split_rounding_size(self) -> int:
-        """Bytes an oversize cached block may exceed a request by and still serve it (kLargeBuffer default)."""
-        if self.max_non_split_rounding_mb is None:
+    def large_segment_size(self) -> int:
+        """Bytes of the segment a request between 1 and 10 MiB gets (get_allocation_size; kLargeBuffer
+        unless large_segment_size_mb is set). Expandable segments keep kLargeBuffer pages whatever it is."""
+        if self.large_segment_size_mb is None:
             return kLargeBuffer
+        return min(self.large_segment_size_mb, SIZE_MAX // MIB) * MIB
+
+    @property
+    def max_non_split_rounding_size(self) -> int:
+        """Bytes an oversize cached block may exceed a request by and still serve it (the large segment
+        size unless set: parseArgs resets it to large_segment_size after reading that key)."""
+        if self.max_non_split_rounding_mb is None:
+            return self.large_segment_size
         return min(self.max_non_split_rounding_mb, SIZE_MAX // MIB) * MIB
 
     @property
@@ -208,6 +240,12 @@ class AllocatorSettings:
         return int(fraction * capacity_bytes)
 
 
+def _unrecognized(key: str) -> str:
+    close = difflib.get_close_matches(key, sorted(TORCH_KEYS), n=1)
+    hint = f"did you mean '{close[0]}'?" if close else "torch 2.13 refuses it too"
+    return f"Unrecognized key '{key}' in Accelerator allocator config: {hint}"
+
+
 def _int_option(text: str, key: str) -> int:
     return int(text)  # stoi / toSizeT; the range checks run in __post_init__
 
@@ -219,9 +257,14 @@ def _float_option(text: str, key: str) -> float:
     return value
 
 
+# throw_on_cudamalloc_oom makes torch throw before a cudaMalloc that would fail: the model's statistics are
+# those of the failing cudaMalloc path either way, so it is checked (True/False) and not modelled
+_CHECKED_BOOLEANS = frozenset({"throw_on_cudamalloc_oom", "pinned_use_background_threads"})
+
 _FIELD_PARSERS = {
     "max_split_size_mb": _int_option,
     "max_non_split_rounding_mb": _int_option,
+    "large_segment_size_mb": _int_option,
     "garbage_collection_threshold": _float_option,
     "per_process_memory_fraction": _float_option,
     "expandable_segments": _parse_bool,

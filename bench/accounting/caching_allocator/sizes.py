@@ -67,14 +67,14 @@ def is_small_size(rounded_size: int) -> bool:
     return rounded_size <= kSmallSize
 
 
-def get_allocation_size(rounded_size: int) -> int:
+def get_allocation_size(rounded_size: int, large_segment_size: int = kLargeBuffer) -> int:
     """The source's get_allocation_size: the segment cudaMalloc'd for a request no cached block serves.
-    Small requests get a 2 MiB segment; requests under 10 MiB a 20 MiB one; larger ones their size rounded
-    up to 2 MiB."""
+    Small requests get a 2 MiB segment; requests under 10 MiB a large segment (20 MiB unless
+    large_segment_size_mb is set); larger ones their size rounded up to 2 MiB."""
     if rounded_size <= kSmallSize:
         return kSmallBuffer
     if rounded_size < kMinLargeAlloc:
-        return kLargeBuffer
+        return large_segment_size
     return kRoundLarge * ((rounded_size + kRoundLarge - 1) // kRoundLarge)
 
 

@@ -18,7 +18,7 @@ SEGMENT_ALLOC, SEGMENT_FREE = "segment_alloc", "segment_free"
 SEGMENT_MAP, SEGMENT_UNMAP = "segment_map", "segment_unmap"  # expandable segments' pages
 SNAPSHOT, OOM = "snapshot", "oom"
 
-DEVICE, STREAM = 0, 0  # one device, the default stream
+DEVICE, STREAM = 0, 0  # one device; trace entries name the default stream
 POOL_ID = (0, 0)  # the default pool's MempoolId_t (no private pools are modelled)
 
 
@@ -43,14 +43,15 @@ class TraceRecorder:
 
 
 def _block_state(block: Block) -> str:
-    # "active_pending_free" needs another stream's pending use, which the model does not have
-    return "active_allocated" if block.allocated else "inactive"
+    if block.allocated:
+        return "active_allocated"
+    return "inactive" if block.is_free() else "active_pending_free"  # freed, waiting for another stream
 
 
 def _segment_dict(head: Block) -> Dict:
     """One SegmentInfo: the mapped run of blocks from `head` (a whole cudaMalloc'd segment, or one
     contiguous mapped range of an expandable segment, as DeviceCachingAllocator::snapshot reports them)."""
-    blocks, total, allocated, requested = [], 0, 0, 0
+    blocks, total, allocated, active, requested = [], 0, 0, 0, 0
     block: Optional[Block] = head
     while block is not None and block.mapped:
         blocks.append({"address": block.address, "size": block.size, "requested_size": block.requested_size,
@@ -59,9 +60,11 @@ def _segment_dict(head: Block) -> Dict:
         if block.allocated:
             allocated += block.size
             requested += block.requested_size
+        if not block.is_free():
+            active += block.size
         block = block.next
     return {"device": DEVICE, "address": head.address, "total_size": total, "allocated_size": allocated,
-            "active_size": allocated, "requested_size": requested, "stream": STREAM,
+            "active_size": active, "requested_size": requested, "stream": head.stream,
             "segment_type": "small" if head.pool.is_small else "large", "segment_pool_id": POOL_ID,
             "is_expandable": head.expandable_segment is not None, "frames": [], "blocks": blocks}
 

@@ -6,6 +6,7 @@ in, so the logic here is tested with fakes on CPU and validated for real by scri
 from __future__ import annotations
 
 import sys
+import weakref
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -40,8 +41,10 @@ class CudaRecorder(MemoryRecorder):
                  reset_peaks: Callable[[torch.device], None] = reset_peak,
                  sampler: Optional[NvmlSampler] = None, snapshots=snapshot_api,
                  synchronize: Optional[Callable[[torch.device], None]] = None,
-                 is_uvm: Optional[Callable[[torch.Tensor], bool]] = None):
+                 is_uvm: Optional[Callable[[torch.Tensor], bool]] = None, capped: bool = False):
+        """`capped`: the allocator runs under hardware.memory_fraction, and `capacity_bytes` is that cap."""
         super().__init__(rank, device, capacity_bytes, timeline_path, warmup_steps)
+        self.capped = capped
         self._read_stats, self._reset_peaks = read_stats, reset_peaks
         self._synchronize = synchronize or torch.cuda.synchronize
         # tensors in CUDA managed memory (fbgemm's UVM-cached tables): on the device, not in the allocator
@@ -52,6 +55,9 @@ class CudaRecorder(MemoryRecorder):
         self.snapshot_paths: List[str] = []
         self._failed = False
         self._static_bytes: Dict[str, int] = {}
+        # the attributed tensors, weakly: a gradient zero_grad(set_to_none) drops leaves its category
+        self._owned: Dict[str, List[weakref.ref]] = {}
+        self._segment_static: Dict[str, Dict[str, int]] = {}  # the static bytes as of each segment's top
         self._phase_stats = CudaAllocatorStats()
         # per segment: (peak allocated, peak reserved, device used) of the phase with the top peak, the
         # key that phase won with, and the segment's highest peak allocated / reserved over all phases
@@ -62,11 +68,11 @@ class CudaRecorder(MemoryRecorder):
         self._segment_in_flight: Dict[str, int] = {}
         self.in_flight_probe: Callable[[], int] = lambda: 0
         self.sampler = sampler
-        if self.sampler is None:
-            self.sampler = NvmlSampler(nvml_device_index(device.index or 0), interval_s=nvml_interval_s)
         try:
+            if self.sampler is None:  # torch's NVML mapping raises under MIG UUIDs or without libnvidia-ml
+                self.sampler = NvmlSampler(nvml_device_index(device.index or 0), interval_s=nvml_interval_s)
             self.sampler.start()
-        except RuntimeError as err:  # no NVML (e.g. some containers): allocator stats still work
+        except (RuntimeError, OSError, ValueError) as err:  # no NVML here: allocator stats still work (N9)
             print(f"[rank {rank}] {err}; device-used columns will be empty", file=sys.stderr)
             self.sampler = None
         if snapshot_dir is not None:
@@ -92,20 +98,24 @@ class CudaRecorder(MemoryRecorder):
         return max(window, now, stats.peak_reserved_bytes + outside_allocator)
 
     def _reset_segment_peak(self) -> None:
+        self._segment_static.pop(self._segment, None)
         self.segment_peaks[self._segment] = 0
         self.segment_peak_at.pop(self._segment, None)
         self._segment_key.pop(self._segment, None)
         self._segment_max.pop(self._segment, None)
 
-    def _new_segment_top(self, key: tuple) -> bool:
-        """Is this phase the segment's top so far? Ranked by the peak measure, then peak reserved, then peak
-        allocated: in steady state NVML's used and the reserved pool are flat from phase to phase, and
-        the phase where the tensors peak must still win over the segment's first phase."""
+    def _new_segment_top(self, key: tuple, peak_measure: int) -> bool:
+        """Is this phase the segment's top so far? Ranked by the allocator's own peaks (reserved, then
+        allocated), NVML's reading last: in steady state the reserved pool is flat from phase to phase and
+        the phase where the tensors peak must still win over the segment's first phase (audit #3); and an
+        NVML bump that is not the allocator's (a lazily loaded kernel module, NCCL connecting a peer, another
+        tenant under the device-wide fallback) must not make its phase the peak (N21). The phase's
+        `peak_measure` (NVML, else reserved) is what the segment's peak reports."""
         segment = self._segment
         if segment in self.segment_peak_at and key <= self._segment_key[segment]:
             return False
         self._segment_key[segment] = key
-        self.segment_peaks[segment] = key[0]
+        self.segment_peaks[segment] = peak_measure
         self.segment_peak_at[segment] = (self.step, self.phase_name)
         return True
 
@@ -120,7 +130,9 @@ class CudaRecorder(MemoryRecorder):
         device_used = self._nvml_peak(stats)
         # the breakdown adds up to NVML's device used when there is one, else to reserved
         peak_measure = device_used if device_used is not None else stats.peak_reserved_bytes
-        if self._new_segment_top((peak_measure, stats.peak_reserved_bytes, stats.peak_allocated_bytes)):
+        if self._new_segment_top((stats.peak_reserved_bytes, stats.peak_allocated_bytes, peak_measure), peak_measure):
+            self._refresh_static()
+            self._segment_static[self._segment] = dict(self._static_bytes)
             self._segment_stats[self._segment] = (stats.peak_allocated_bytes, stats.peak_reserved_bytes,
                                                   device_used)
             self._segment_fragmentation[self._segment] = (stats.inactive_split_bytes,
@@ -152,9 +164,17 @@ class CudaRecorder(MemoryRecorder):
         for category, tensors in ownership.items():
             on_device = [t for t in tensors if t.device == self.device]
             in_uvm = [t for t in on_device if self._is_uvm(t)]
-            self._static_bytes[category] = unique_storage_bytes(t for t in on_device if not self._is_uvm(t))
+            self._owned[category] = [weakref.ref(t) for t in on_device if not self._is_uvm(t)]
             uvm.update((t.untyped_storage()._cdata, t.untyped_storage().nbytes()) for t in in_uvm)
+        self._refresh_static()
         self.uvm_bytes = sum(uvm.values())
+
+    def _refresh_static(self) -> None:
+        """Static bytes by owner from the attributed tensors still alive: the native backend re-attributes
+        embedding_grads each backward and zero_grad frees them before the next forward, so a forward or
+        input peak counted freed gradients and `other` went negative (audit N22)."""
+        for category, refs in self._owned.items():
+            self._static_bytes[category] = unique_storage_bytes(t for t in (ref() for ref in refs) if t is not None)
 
     def failure_stats(self) -> Dict[str, int]:
         """The allocator's counters at a failure; the snapshot of it is written by `close`, once the rank's
@@ -164,8 +184,9 @@ class CudaRecorder(MemoryRecorder):
 
     def _breakdown(self, segment: str, peak_bytes: int) -> Dict[str, int]:
         allocated, reserved, device_used = self._segment_stats.get(segment, (0, 0, None))
-        static = sum(self._static_bytes.values())
-        parts = dict(self._static_bytes)
+        static_bytes = self._segment_static.get(segment, self._static_bytes)
+        static = sum(static_bytes.values())
+        parts = dict(static_bytes)
         parts[IN_FLIGHT] = self._segment_in_flight.get(segment, 0)
         parts["activations"] = max(0, allocated - static - parts[IN_FLIGHT])
         parts["allocator_overhead"] = reserved - allocated
@@ -182,6 +203,14 @@ class CudaRecorder(MemoryRecorder):
                               "inactive_split_bytes": inactive_split,
                               "peak_inactive_split_bytes": peak_inactive_split, "uvm_bytes": self.uvm_bytes},
                 "nvml": self._nvml_summary()}
+
+    def _capacity_use(self, segment: str, peak_bytes: int) -> int:
+        """Under a memory_fraction cap, the peak reserved: the cap limits the caching allocator only, while the
+        peak (NVML's process memory) also holds the CUDA context and NCCL's buffers, which it does not cap
+        (an 8 MiB cap against a 500 MiB process read utilization 62.5; audit N4)."""
+        if self.capped:
+            return self._segment_max.get(segment, (0, 0))[1]
+        return peak_bytes
 
     def _nvml_summary(self) -> Optional[Dict[str, object]]:
         if self.sampler is None:

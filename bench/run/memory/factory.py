@@ -40,8 +40,10 @@ def make_recorder(cfg, launch, rank: int, device: torch.device, timeline_path: O
     if device.type == "cuda":
         from bench.run.memory.cuda import CudaRecorder
 
+        fraction = cfg.hardware.memory_fraction
         return CudaRecorder(rank, device, capacity, timeline_path, warmup,
                             nvml_interval_s=cfg.record.nvml_interval_ms / 1000,
+                            capped=fraction is not None and fraction < 1.0,
                             snapshot_dir=run_dir if cfg.record.snapshot else None,
                             snapshot_max_entries=cfg.record.snapshot_max_entries)
     if cfg.record.cpu_mode == "memtracker":

@@ -11,6 +11,11 @@ import torch
 from torch import nn
 
 EMBEDDING_MODULE_KEY = "sparse_arch"  # DLRM keeps its EmbeddingBagCollection here
+# fbgemm's SplitTableBatchedEmbeddingBagsCodegen buffers of a UVM-caching table: the HBM cache itself, and
+# the cache's bookkeeping (the groups fbgemm's own memory breakdown report uses, plus its small constants)
+CACHE_WEIGHTS = ("lxu_cache_weights",)
+CACHE_STATE = ("cache_index_table_map", "lxu_cache_state", "lxu_state", "lxu_cache_locking_counter",
+               "cache_hash_size_cumsum", "cache_miss_counter")
 
 
 def local_tensors(value) -> Iterator[torch.Tensor]:
@@ -46,6 +51,7 @@ def torchrec_ownership(model: nn.Module, dense_optimizer) -> Dict[str, List[torc
     owned: Dict[str, List[torch.Tensor]] = {category: [] for category in (
         "embedding_weights", "embedding_grads", "embedding_optimizer", "dense_params", "dense_grads",
         "dense_optimizer")}
+    owned.update(embedding_cache_tensors(model))
     # state_dict reaches the fused (fbgemm) tables' shards, which are not parameters of the model
     for key, value in model.state_dict().items():
         if EMBEDDING_MODULE_KEY in key:
@@ -60,4 +66,19 @@ def torchrec_ownership(model: nn.Module, dense_optimizer) -> Dict[str, List[torc
     for name, per_param in dense_optimizer.state_dict()["state"].items():
         category = "embedding_optimizer" if EMBEDDING_MODULE_KEY in str(name) else "dense_optimizer"
         owned[category].extend(_state_tensors(per_param))
+    return owned
+
+
+def embedding_cache_tensors(model: nn.Module) -> Dict[str, List[torch.Tensor]]:
+    """The HBM cache and cache bookkeeping of every fbgemm table-batched embedding module with a cache
+    (fused_uvm_caching). Static, allocated at build through the caching allocator: without a category they
+    were counted as activations (audit N11). Modules without a cache hold these buffers empty."""
+    owned: Dict[str, List[torch.Tensor]] = {"embedding_cache": [], "embedding_cache_state": []}
+    for module in model.modules():
+        cache = getattr(module, CACHE_WEIGHTS[0], None)
+        if not isinstance(cache, torch.Tensor) or cache.numel() == 0:
+            continue
+        for category, names in (("embedding_cache", CACHE_WEIGHTS), ("embedding_cache_state", CACHE_STATE)):
+            owned[category].extend(t for t in (getattr(module, name, None) for name in names)
+                                   if isinstance(t, torch.Tensor) and t.numel())
     return owned

@@ -232,14 +232,15 @@ class MemoryRecorder:
             segment = max(seen, key=self.segment_peaks.get)
         peak = self.segment_peaks[segment]
         peak_step, peak_phase = self.segment_peak_at.get(segment, (-1, ""))
+        used = self._capacity_use(segment, peak)
         return RankResult(
             rank=self.rank,
             status=status,
             device=str(self.device),
             capacity_bytes=self.capacity_bytes,
             peak_bytes=peak,
-            utilization=peak / self.capacity_bytes if self.capacity_bytes else 0.0,
-            headroom_bytes=self.capacity_bytes - peak,
+            utilization=used / self.capacity_bytes if self.capacity_bytes else 0.0,
+            headroom_bytes=self.capacity_bytes - used,
             peak_step=peak_step,
             peak_phase=peak_phase,
             breakdown=self._breakdown(segment, peak),
@@ -253,6 +254,10 @@ class MemoryRecorder:
 
     def _extra_peaks(self, segment: str) -> Dict[str, Optional[int]]:
         return {"peak_allocated_bytes": self.segment_peaks[segment]}
+
+    def _capacity_use(self, segment: str, peak_bytes: int) -> int:
+        """What utilization and headroom measure against capacity: the peak, unless a recorder knows better."""
+        return peak_bytes
 
 
 class TrackingMixin:

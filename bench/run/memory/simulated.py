@@ -98,7 +98,7 @@ class SimulatedCudaRecorder(TaggingMixin, TrackingMixin, CudaRecorder):
                          sampler=SimulatedNvml(self.model, device_bytes - device_free_bytes, device_bytes),
                          snapshots=SimulatedSnapshots(self.model), synchronize=lambda d: None,
                          is_uvm=lambda tensor: False, snapshot_dir=snapshot_dir,
-                         snapshot_max_entries=snapshot_max_entries)
+                         snapshot_max_entries=snapshot_max_entries, capped=allowed_bytes is not None)
 
     def attribute(self, ownership) -> None:
         # storages made before the mode started (the model, on build) enter the model here
