@@ -183,4 +183,6 @@ def test_a_run_past_its_timeout_is_ended_with_every_process_of_it(tmp_path, monk
         runs.membench_run(tmp_path, "model=native", "workload=tiny", *runs.hardware_overrides(True),
                           "launcher.watchdog_s=600", env={"MEMBENCH_FAULT_HANG_RANK": "0"})
     (run_dir,) = {path.parent for path in (tmp_path / "runs").rglob("launch.json")}
+    (progress,) = run_dir.glob(".progress_rank0")  # the rank did start (its pid is in it): none was left
+    assert progress.read_text().split()[0].isdigit()
     assert rank_processes(run_dir) == []
