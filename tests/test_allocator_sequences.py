@@ -132,3 +132,17 @@ def test_a_model_that_never_processes_events_fails_the_record_stream_sequence():
     (sequence,) = [s for s in SEQUENCES if s.name == "record_stream defers the free"]
     stats = run_on_model(sequence, NoProcessEvents)
     assert stats["reserved_bytes.all.peak"] == 44 * MIB != sequence.expected["reserved_bytes.all.peak"]
+
+
+def test_the_torch_side_of_the_sequences_answers_every_operation_the_model_does():
+    """gpu_check runs the same run_ops over torch.cuda (not runnable here): its adapter must have each method
+    run_ops calls, with the model's parameters."""
+    import inspect
+
+    from bench.gpucheck.sequences import TorchCudaAllocator
+
+    for name in ("malloc", "free", "record_stream", "stream_busy", "empty_cache"):
+        torch_side = list(inspect.signature(getattr(TorchCudaAllocator, name)).parameters)
+        model_side = list(inspect.signature(getattr(CachingAllocatorModel, name)).parameters)
+        assert torch_side[1:] == model_side[1:], name
+    assert callable(TorchCudaAllocator.synchronize)

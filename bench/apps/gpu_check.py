@@ -6,9 +6,9 @@
 Checks, one PASS / FAIL / SKIP line each, all written to DIR/gpu_check.json: an allocation trace replayed
 through torch.cuda and through membench's caching allocator model (peak reserved and inactive-split within
 2%), twelve short allocator sequences whose statistics were derived by hand from the C++ source (torch.cuda
-must give them exactly, in a child process with a fresh allocator), the real APIs membench reads (memory_stats keys, peak reset, allocator backend, NVML v2 and per-process
-memory, NVML index of each torch device), the CUDA recorder on a small model (peaks, NVML, breakdown,
-snapshot, overhead, a forced OOM), then `membench run` itself: the native backend on one GPU (timeline,
+must give them exactly, in a child process with a fresh allocator), the real APIs membench reads
+(memory_stats keys, peak reset, allocator backend, NVML v2 and per-process memory, NVML index of each
+torch device), the CUDA recorder on a small model (peaks, NVML, breakdown, snapshot, overhead, a forced OOM), then `membench run` itself: the native backend on one GPU (timeline,
 snapshot), a forced OOM, a stalled rank the watchdog must end without leaving a process, and the torchrec
 backend with membench's prediction beside the measurement (SKIP when fbgemm-gpu does not import). Exit status:
 0 no FAIL, 1 a FAIL, 2 no GPU here (one line).
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
-from bench.gpucheck.log import CheckLog
+from bench.gpucheck.log import CheckLog, one_line
 
 EXIT_NO_GPU = 2
 # run by scripts/gpu_check.sh under `timeout 480`: the checks skip what would not fit before that
@@ -59,7 +59,7 @@ def run_all(simulate: bool, out_dir: Path, steps: int, width: int, batch: int, l
         try:
             stage()
         except Exception as err:  # noqa: BLE001 (one stage's failure is its FAIL line; the next stages run)
-            log.check(f"stage {name}", False, f"stopped: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            log.check(f"stage {name}", False, f"stopped: {one_line(err)}")
 
 
 def cuda_available() -> Optional[str]:

@@ -6,6 +6,12 @@ from pathlib import Path
 from typing import List, Optional
 
 
+def one_line(err: BaseException) -> str:
+    """An exception as one line for a check's detail: its type and its message's first line."""
+    text = str(err)
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 @dataclass(frozen=True)
 class Check:
     name: str

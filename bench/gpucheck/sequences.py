@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from bench.accounting.caching_allocator.sequences import SEQUENCES, AllocatorSequence, SequenceFailed, run_on_model
-from bench.gpucheck.log import CheckLog
+from bench.accounting.caching_allocator.sequences import SEQUENCES, AllocatorSequence, run_on_model, run_ops
+from bench.gpucheck.log import CheckLog, one_line
 from bench.gpucheck.verdicts import sequence_matches
 
 CHILD_TIMEOUT_S = 120
@@ -38,6 +38,41 @@ def sleep_on_current_stream(cycles: int) -> None:
     torch.cuda._sleep(cycles)
 
 
+class TorchCudaAllocator:
+    """torch.cuda's caching allocator on device 0 behind the model's method names, for run_ops: each
+    allocation a uint8 tensor held by key, streams made on first use (0: the current stream)."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.tensors: Dict = {}
+        self.streams = {0: torch.cuda.current_stream(0)}
+
+    def _stream(self, index: int):
+        return self.streams.setdefault(index, self.torch.cuda.Stream(0))
+
+    def malloc(self, nbytes: int, key, stream: int = 0) -> None:
+        with self.torch.cuda.stream(self._stream(stream)):
+            self.tensors[key] = self.torch.empty(nbytes, dtype=self.torch.uint8, device="cuda:0")
+
+    def free(self, key) -> None:
+        del self.tensors[key]
+
+    def record_stream(self, key, stream: int) -> None:
+        self.tensors[key].record_stream(self._stream(stream))
+
+    def stream_busy(self, stream: int) -> None:
+        with self.torch.cuda.stream(self._stream(stream)):
+            sleep_on_current_stream(BUSY_CYCLES)
+
+    def synchronize(self) -> None:
+        self.torch.cuda.synchronize()
+
+    def empty_cache(self) -> None:
+        self.torch.cuda.empty_cache()
+
+
 def run_on_cuda(sequence: AllocatorSequence) -> Dict[str, int]:
     """The sequence through torch.cuda, from an emptied allocator with zeroed statistics."""
     import torch
@@ -49,47 +84,16 @@ def run_on_cuda(sequence: AllocatorSequence) -> Dict[str, int]:
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(0)
     torch.cuda.reset_accumulated_memory_stats(0)
-    streams = {0: torch.cuda.current_stream(0)}
-    tensors: Dict[str, "torch.Tensor"] = {}
+    allocator = TorchCudaAllocator()
     try:
-        for op in sequence.ops:
-            _apply(op, tensors, streams)
+        run_ops(allocator, sequence.ops, torch.OutOfMemoryError)
         stats = torch.cuda.memory_stats(0)
         return {key: int(stats.get(key, 0)) for key in sequence.expected}
     finally:
-        tensors.clear()
+        allocator.tensors.clear()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.set_per_process_memory_fraction(1.0, 0)
-
-
-def _apply(op: tuple, tensors: Dict, streams: Dict) -> None:
-    import torch
-
-    kind = op[0]
-    stream_of = lambda index: streams.setdefault(index, torch.cuda.Stream(0))  # noqa: E731
-    if kind == "malloc":
-        with torch.cuda.stream(stream_of(op[3] if len(op) > 3 else 0)):
-            tensors[op[1]] = torch.empty(op[2], dtype=torch.uint8, device="cuda:0")
-    elif kind == "free":
-        del tensors[op[1]]
-    elif kind == "record":
-        tensors[op[1]].record_stream(stream_of(op[2]))
-    elif kind == "busy":
-        with torch.cuda.stream(stream_of(op[1])):
-            sleep_on_current_stream(BUSY_CYCLES)
-    elif kind == "sync":
-        torch.cuda.synchronize()
-    elif kind == "empty_cache":
-        torch.cuda.empty_cache()
-    elif kind == "oom":
-        try:
-            torch.empty(op[1], dtype=torch.uint8, device="cuda:0")
-        except torch.OutOfMemoryError:
-            return
-        raise SequenceFailed(f"{op[1]:,} B allocated where an OOM was expected")
-    else:
-        raise ValueError(f"unknown allocator sequence operation {op!r}")
 
 
 def run_all_on_cuda() -> Dict[str, dict]:
@@ -99,7 +103,7 @@ def run_all_on_cuda() -> Dict[str, dict]:
         try:
             outcome[sequence.name] = {"stats": run_on_cuda(sequence)}
         except Exception as err:  # noqa: BLE001 (one sequence's error is its line; the others run)
-            outcome[sequence.name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+            outcome[sequence.name] = {"error": one_line(err)}
     return outcome
 
 

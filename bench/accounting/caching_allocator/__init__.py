@@ -1,5 +1,6 @@
 """A model of PyTorch's CUDA caching allocator in pure Python (one device; per-stream pools and
-record_stream's end-of-life events; no CUDA graphs, IPC or private memory pools), to predict reserved memory, fragmentation and OOMs without a GPU.
+record_stream's end-of-life events; no CUDA graphs, IPC or private memory pools), to predict reserved
+memory, fragmentation and OOMs without a GPU.
 
 It follows c10/cuda/CUDACachingAllocator.cpp at pytorch commit 001074d25084fdb87a799823e395a50f5ec044d3
 (main of mid-2024, just after "Support IPC for Expandable Segments", #130890: the torch 2.5 development line;
@@ -28,12 +29,12 @@ parseArgs) parses them. Functions mirrored, by module:
 - trace: record_trace's ring buffer and the snapshot layout (torch/csrc/cuda/Module.cpp, memory.py).
 
 Where the later revision differs and the model takes its side: release_available_cached_blocks and
-garbage_collect_cached_blocks skip expandable blocks; max_non_split_rounding_mb (default the large segment size)
-bounds oversize reuse; setMemoryFraction sets an allowed maximum only below 1.0. Simplified or left out
-(said where it happens): events complete only as the caller says (stream_busy / synchronize: the model runs
-no kernels), 
-CUDA graphs and private pools, IPC, FreeCudaMemoryCallbacks, peer access, stack frames and timestamps in
-traces; the device holds nothing else and addresses are never reused (device.py).
+garbage_collect_cached_blocks skip expandable blocks; max_non_split_rounding_mb (default the large
+segment size) bounds oversize reuse; setMemoryFraction sets an allowed maximum only below 1.0. Simplified
+or left out (said where it happens): events complete only as the caller says (stream_busy / synchronize:
+the model runs no kernels), CUDA graphs and private pools, IPC, FreeCudaMemoryCallbacks, peer access,
+stack frames and timestamps in traces; the device holds nothing else and addresses are never reused
+(device.py).
 """
 from bench.accounting.caching_allocator.errors import SimulatedOutOfMemory
 from bench.accounting.caching_allocator.model import CachingAllocatorModel

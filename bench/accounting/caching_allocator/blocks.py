@@ -152,7 +152,8 @@ class ExpandableSegment:
 
 def try_merge_blocks(dst: Block, src: Optional[Block], pool: BlockPool) -> int:
     """The source's try_merge_blocks: fold the free neighbour `src` (no pending events or stream uses) into
-    `dst` when both are mapped or both unmapped; `src` leaves its pool's set. Returns the bytes subsumed, 0 when nothing merged."""
+    `dst` when both are mapped or both unmapped; `src` leaves its pool's set. Returns the bytes subsumed, 0
+    when nothing merged."""
     if src is None or not src.is_free() or dst.mapped != src.mapped:
         return 0
     if src.mapped:

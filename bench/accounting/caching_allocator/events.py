@@ -20,6 +20,10 @@ class StreamEvents:
         self._busy: Set[int] = set()
         self._synchronized: Dict[int, int] = {}
 
+    def __bool__(self) -> bool:
+        """Does any freed block wait for an event (the simulated recorder's mallocs check this first)?"""
+        return bool(self._pending)
+
     def busy(self, stream: int) -> None:
         self._busy.add(stream)
 
@@ -44,6 +48,8 @@ class StreamEvents:
             queue = self._pending[stream]
             while queue and (queue[0][0] is None or self._synchronized.get(stream, 0) >= queue[0][0]):
                 freed.extend(_count_down(queue.popleft()[1]))
+            if not queue:
+                del self._pending[stream]
         return freed
 
     def wait_all(self) -> List[Block]:

@@ -66,8 +66,9 @@ class CachingAllocatorModel:
             return 0
         if nbytes >= ONE_EXA_BYTES:
             raise self._out_of_memory(nbytes, nbytes, nbytes)
-        for freed in self.events.completed():  # process_events, first thing in malloc
-            self._free_block(freed)
+        if self.events:  # process_events, first thing in malloc
+            for freed in self.events.completed():
+                self._free_block(freed)
         block = self._malloc(nbytes, stream)
         self._active[key] = block
         return block.address

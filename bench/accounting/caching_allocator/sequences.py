@@ -12,7 +12,7 @@ where `allowed_mib` is set, torch.cuda.set_per_process_memory_fraction giving th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple, Type
 
 from bench.accounting.caching_allocator.errors import SimulatedOutOfMemory
 from bench.accounting.caching_allocator.model import CachingAllocatorModel
@@ -128,31 +128,38 @@ def run_on_model(sequence: AllocatorSequence, model_type=CachingAllocatorModel) 
     """The sequence through the allocator model: its statistics at the end, for the expected keys."""
     allowed = None if sequence.allowed_mib is None else sequence.allowed_mib * MIB
     model = model_type(MODEL_CAPACITY_BYTES, AllocatorSettings.parse(sequence.conf), allowed_bytes=allowed)
-    for op in sequence.ops:
-        _apply(model, op)
+    run_ops(model, sequence.ops, SimulatedOutOfMemory)
     stats = model.memory_stats()
     return {key: stats.get(key, 0) for key in sequence.expected}
 
 
-def _apply(model: CachingAllocatorModel, op: tuple) -> None:
-    kind = op[0]
-    if kind == "malloc":
-        model.malloc(op[2], op[1], op[3] if len(op) > 3 else 0)
-    elif kind == "free":
-        model.free(op[1])
-    elif kind == "record":
-        model.record_stream(op[1], op[2])
-    elif kind == "busy":
-        model.stream_busy(op[1])
-    elif kind == "sync":
-        model.synchronize()
-    elif kind == "empty_cache":
-        model.empty_cache()
-    elif kind == "oom":
-        try:
-            model.malloc(op[1], ("oom", id(op)))
-        except SimulatedOutOfMemory:
-            return
-        raise SequenceFailed(f"{op[1]:,} B allocated where an OOM was expected")
-    else:
-        raise ValueError(f"unknown allocator sequence operation {op!r}")
+def run_ops(allocator, ops: Tuple[tuple, ...], out_of_memory: Type[BaseException]) -> None:
+    """Apply a sequence's operations to `allocator`: the model, or anything with its methods (malloc(bytes,
+    key, stream), free, record_stream, stream_busy, synchronize, empty_cache), such as torch.cuda behind
+    bench/gpucheck/sequences.py. An "oom" must raise `out_of_memory`."""
+    for op in ops:
+        kind = op[0]
+        if kind == "malloc":
+            allocator.malloc(op[2], op[1], op[3] if len(op) > 3 else 0)
+        elif kind == "free":
+            allocator.free(op[1])
+        elif kind == "record":
+            allocator.record_stream(op[1], op[2])
+        elif kind == "busy":
+            allocator.stream_busy(op[1])
+        elif kind == "sync":
+            allocator.synchronize()
+        elif kind == "empty_cache":
+            allocator.empty_cache()
+        elif kind == "oom":
+            _expect_out_of_memory(allocator, op[1], out_of_memory)
+        else:
+            raise ValueError(f"unknown allocator sequence operation {op!r}")
+
+
+def _expect_out_of_memory(allocator, nbytes: int, out_of_memory: Type[BaseException]) -> None:
+    try:
+        allocator.malloc(nbytes, ("oom", nbytes), 0)
+    except out_of_memory:
+        return
+    raise SequenceFailed(f"{nbytes:,} B allocated where an OOM was expected")

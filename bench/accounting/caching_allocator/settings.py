@@ -17,9 +17,9 @@ from bench.accounting.caching_allocator.sizes import MIB, ROUNDUP_INTERVALS, SIZ
 # interval a power-of-two size in MiB (as text) or ">" for every interval after the last one named
 DivisionsSpec = Union[int, Tuple[Tuple[str, int], ...]]
 
-# max_split_size_mb and max_non_split_rounding_mb must be >= large_segment_size_mb (20 unless set;
-# c10/core/AllocatorConfig.cpp; the older c10/cuda/CUDAAllocatorConfig.cpp asked for > 20)
-MIN_SPLIT_MB = kLargeBuffer // MIB
+# max_split_size_mb and max_non_split_rounding_mb must be >= the large segment size in MiB (20 unless
+# large_segment_size_mb is set; c10/core/AllocatorConfig.cpp; the older CUDAAllocatorConfig.cpp asked > 20):
+# checked in AllocatorSettings.__post_init__
 # large_segment_size_mb must exceed kMinLargeAlloc (10 MiB): the requests it serves are those under 10 MiB
 MIN_LARGE_SEGMENT_MB = kMinLargeAlloc // MIB
 

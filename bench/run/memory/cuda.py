@@ -130,7 +130,8 @@ class CudaRecorder(MemoryRecorder):
         device_used = self._nvml_peak(stats)
         # the breakdown adds up to NVML's device used when there is one, else to reserved
         peak_measure = device_used if device_used is not None else stats.peak_reserved_bytes
-        if self._new_segment_top((stats.peak_reserved_bytes, stats.peak_allocated_bytes, peak_measure), peak_measure):
+        key = (stats.peak_reserved_bytes, stats.peak_allocated_bytes, peak_measure)
+        if self._new_segment_top(key, peak_measure):
             self._refresh_static()
             self._segment_static[self._segment] = dict(self._static_bytes)
             self._segment_stats[self._segment] = (stats.peak_allocated_bytes, stats.peak_reserved_bytes,
@@ -174,7 +175,8 @@ class CudaRecorder(MemoryRecorder):
         embedding_grads each backward and zero_grad frees them before the next forward, so a forward or
         input peak counted freed gradients and `other` went negative (audit N22)."""
         for category, refs in self._owned.items():
-            self._static_bytes[category] = unique_storage_bytes(t for t in (ref() for ref in refs) if t is not None)
+            alive = (ref() for ref in refs)
+            self._static_bytes[category] = unique_storage_bytes(t for t in alive if t is not None)
 
     def failure_stats(self) -> Dict[str, int]:
         """The allocator's counters at a failure; the snapshot of it is written by `close`, once the rank's
