@@ -29,6 +29,7 @@ commands:
   plan       estimate per-rank memory for any world size (no GPU, tables never materialized)
   provision  recommend the smallest world size that fits with headroom (and per batch size)
   calibrate  fit the peak predictor from measured runs (results/calibration/<hardware>.json)
+  planner-check  torchrec's planner with its memory model and membench's, each plan run at a tight capacity
   report     figures + report.md from runs, sweeps or a results directory
   compare    the regression table between two runs (or two sweeps, point by point); exit 1 if they differ
   export     runs as one table (.csv, .jsonl, .parquet): a row per run and rank, config keys as columns
@@ -51,12 +52,13 @@ examples:
 
 exit status: 0 ok, 1 failed, 2 invalid config, 3 out of memory, 4 timeout, 130 interrupted
 """
-COMMANDS = ("run", "plan", "provision", "calibrate", "report", "compare", "export", "ls")
+COMMANDS = ("run", "plan", "provision", "calibrate", "planner-check", "report", "compare", "export", "ls")
 # Hydra apps: module and the task of one job (returns a JobOutcome)
 HYDRA_COMMANDS = {"run": ("bench.apps.run", "run_job"), "plan": ("bench.apps.plan", "plan_job"),
                   "provision": ("bench.apps.plan", "provision_job")}
 # subcommands with their own argparse interface (the rest are Hydra apps)
-ARGPARSE_COMMANDS = {"calibrate": "bench.apps.calibrate", "report": "bench.report", "compare": "bench.apps.compare",
+ARGPARSE_COMMANDS = {"calibrate": "bench.apps.calibrate", "planner-check": "bench.apps.planner_check",
+                     "report": "bench.report", "compare": "bench.apps.compare",
                      "export": "bench.apps.export", "ls": "bench.apps.ls"}
 
 

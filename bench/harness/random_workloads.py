@@ -13,7 +13,7 @@ sharded CPU table) is drawn again.
 from __future__ import annotations
 
 import random
-from typing import List
+from typing import List, Sequence
 
 from workloads.validate import ConfigError
 
@@ -71,13 +71,13 @@ def is_runnable(overrides: List[str]) -> bool:
     return True
 
 
-def random_workloads(count: int, seed: int) -> List[List[str]]:
-    """`count` runnable workloads drawn from `seed`, each as `membench run` overrides; even ones on torchrec,
-    odd ones on the native backend."""
+def random_workloads(count: int, seed: int, backends: Sequence[str] = BACKENDS) -> List[List[str]]:
+    """`count` runnable workloads drawn from `seed`, each as `membench run` overrides, on `backends` in turn
+    (by default even ones on torchrec, odd ones on the native backend)."""
     rng = random.Random(seed)
     drawn: List[List[str]] = []
     for index in range(count):
-        backend = BACKENDS[index % len(BACKENDS)]
+        backend = backends[index % len(backends)]
         for _ in range(MAX_DRAWS):
             overrides = draw_overrides(rng, backend)
             if is_runnable(overrides):

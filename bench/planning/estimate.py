@@ -30,35 +30,52 @@ FEATURES = ("const", "pooled_received", "pooled_sent", "ids_input", "ids_receive
 
 def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int) -> List[RankShare]:
     """Per-rank embedding storage from `torchrec_adapter.describe_plan` rows (torchrec's ShardingPlan)."""
-    cfg = spec.config
     tables = {t.name: t for t in spec.tables}
     shares = [RankShare() for _ in range(world_size)]
     for row in plan_rows:
         table = tables[row["table"]]
-        element = table.bytes_per_element
         if row["sharding_type"] == DATA_PARALLEL:
-            # replicated everywhere; gradients materialize and the dense optimizer keeps their state
             for share in shares:
-                share.weight_bytes += table.physical_bytes
-                share.grad_bytes += table.physical_bytes
-                share.replicated_dims += table.embedding_dim
-                share.replicated_pooling += table.pooling_mean
-                share.replicated_features += 1
-                share.replicated_tables.append((table.physical_rows, table.embedding_dim))
-                share.optimizer_bytes += optimizer_state_bytes(cfg.dense_optimizer, table.physical_rows,
-                                                               table.embedding_dim)
-            continue  # looked up locally for the local batch: nothing crosses an all-to-all
+                add_replicated_table(share, table, spec.config.dense_optimizer)
+            continue
         for shard in row["shards"]:
             rows, cols = shard["sizes"]
-            share = shares[shard["rank"]]
-            share.weight_bytes += rows * cols * element
-            share.optimizer_bytes += optimizer_state_bytes(cfg.embedding_optimizer, rows, cols)
-            share.sent_dims += cols
-            share.sent_pooling += table.pooling_mean
-            share.sent_features += 1
+            add_sharded_table(shares[shard["rank"]], table, rows, cols, spec.config.embedding_optimizer)
     for share, groups in zip(shares, pooled_groups(plan_rows, spec, world_size)):
         share.pooled_groups = groups
     return shares
+
+
+def plan_rows_from_placement(placement) -> List[dict]:
+    """A torchrec placement as `describe_plan` rows (table, sharding_type, shards with rank and [rows, cols];
+    none for a data-parallel table, which every rank holds whole), for `shares_from_plan`."""
+    rows: Dict[str, dict] = {}
+    for shard in placement.shards:
+        row = rows.setdefault(shard.table, {"table": shard.table, "sharding_type": shard.sharding_type, "shards": []})
+        if shard.sharding_type != DATA_PARALLEL:
+            row["shards"].append({"rank": shard.rank, "sizes": [shard.rows, shard.dim]})
+    return list(rows.values())
+
+
+def add_replicated_table(share: RankShare, table, dense_optimizer: str) -> None:
+    """A data-parallel table on the rank: replicated everywhere, its gradients materialize and the dense
+    optimizer keeps their state; looked up locally for the local batch (nothing crosses an all-to-all)."""
+    share.weight_bytes += table.physical_bytes
+    share.grad_bytes += table.physical_bytes
+    share.replicated_dims += table.embedding_dim
+    share.replicated_pooling += table.pooling_mean
+    share.replicated_features += 1
+    share.replicated_tables.append((table.physical_rows, table.embedding_dim))
+    share.optimizer_bytes += optimizer_state_bytes(dense_optimizer, table.physical_rows, table.embedding_dim)
+
+
+def add_sharded_table(share: RankShare, table, rows: int, cols: int, embedding_optimizer: str) -> None:
+    """A `rows` x `cols` shard of `table` on the rank (fused optimizer): it serves every rank's batch."""
+    share.weight_bytes += rows * cols * table.bytes_per_element
+    share.optimizer_bytes += optimizer_state_bytes(embedding_optimizer, rows, cols)
+    share.sent_dims += cols
+    share.sent_pooling += table.pooling_mean
+    share.sent_features += 1
 
 
 def pooled_groups(plan_rows: List[dict], spec: WorkloadSpec, world_size: int) -> List[List[PooledGroup]]:
@@ -96,13 +113,14 @@ def features_for_rank(spec: WorkloadSpec, share: RankShare, world_size: int) -> 
 
 
 def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[str, float],
-            model: Optional[DryRunModel] = None, allocator_settings=None) -> List[RankPrediction]:
+            model: Optional[DryRunModel] = None, allocator_settings=None,
+            world_size: Optional[int] = None) -> List[RankPrediction]:
     """Per-rank peak: one dry run (with the rank's sparse side simulated) per distinct rank share, plus
     the calibrated correction. Pass `model` to reuse a built dry-run model across calls; with
     `allocator_settings` (a GPU) the rank's tables and its dry run's allocations are replayed through a model
     of the CUDA caching allocator, whose reserved-minus-allocated at their peaks is the prediction's
-    allocator_overhead."""
-    world_size = len(shares)
+    allocator_overhead. `world_size` (default: one share per rank) predicts some ranks of a larger job."""
+    world_size = world_size or len(shares)
     model = model or DryRunModel(spec)
     runs: Dict[tuple, DenseDryRun] = {}
     overheads: Dict[tuple, int] = {}

@@ -15,10 +15,11 @@ from typing import List, Optional
 from bench.accounting.allocator_config import allocator_settings_for
 from bench.planning.calibration import CALIBRATION_DIR, Calibration, calibration_key, load_calibration
 from bench.planning.dry_run import DryRunModel, dry_run_for
-from bench.planning.estimate import add_device_overheads, predict, shares_from_placement
+from bench.planning.estimate import (add_device_overheads, plan_rows_from_placement, predict, shares_from_placement,
+                                     shares_from_plan)
 from bench.planning.greedy import place_greedy
-from bench.planning.torchrec_adapter import host_memory_per_rank, place_torchrec
-from bench.planning.types import Placement, PlacementError, PlanTarget, RankPrediction
+from bench.planning.torchrec_adapter import memory_model_for, place_torchrec, planner_memory
+from bench.planning.types import Placement, PlacementError, PlanTarget, RankPrediction, validate_memory_model
 from bench.results.schema import JobStats, RankResult, Status, complete_breakdown
 from workloads.spec import WorkloadSpec, build_spec
 from workloads.units import GIB, MIB
@@ -31,24 +32,37 @@ def validate_plan_config(plan) -> None:
     """The `plan.*` settings (planner, shard fraction, headroom): ConfigError for the first bad one."""
     if plan.planner not in PLANNERS:
         raise ConfigError("plan.planner", plan.planner, "use membench or torchrec")
+    validate_memory_model(plan.memory_model)
+    if plan.memory_model == "membench" and plan.planner != "torchrec":
+        raise ConfigError("plan.memory_model", plan.memory_model,
+                          "membench's memory model is for torchrec's planner: add plan.planner=torchrec")
     if not 0 < plan.max_shard_fraction <= 1:
         raise ConfigError("plan.max_shard_fraction", plan.max_shard_fraction, "use a fraction in (0, 1]")
     if not 0 <= plan.headroom < 1:
         raise ConfigError("plan.headroom", plan.headroom, "use a fraction in [0, 1), e.g. 0.1 for 10%")
 
 
-def place(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int) -> Placement:
+def place(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int, memory=None) -> Placement:
+    """The placement of plan.planner; torchrec's planner with plan.memory_model's memory model (`memory`: a
+    `MembenchMemoryModel` built already, reused across world sizes)."""
     if cfg.plan.planner == "torchrec":
-        return place_torchrec(spec, world_size, target.capacity_bytes, local_world_size=target.ranks_per_node,
-                              ddr_cap_bytes=host_memory_per_rank(cfg, target.ranks_per_node),
-                              compute_device=target.device_type)
+        compute_device, hbm_cap, ddr_cap = planner_memory(cfg, target.device_type, target.capacity_bytes,
+                                                          target.ranks_per_node)
+        if memory is None:
+            memory = memory_model_for(cfg, spec, target.device_type)
+        return place_torchrec(spec, world_size, hbm_cap or target.capacity_bytes,
+                              local_world_size=target.ranks_per_node, ddr_cap_bytes=ddr_cap,
+                              compute_device=compute_device, memory=memory)
     return place_greedy(spec, world_size, target.capacity_bytes, allow_row_wise=target.device_type == "cuda",
                         max_shard_fraction=cfg.plan.max_shard_fraction)
 
 
 def predict_ranks(cfg, spec: WorkloadSpec, target: PlanTarget, placement: Placement, dry_run: DryRunModel):
+    """Every rank's prediction; a torchrec plan's shares as `membench run` predicts that plan before launch."""
     calibration = load_calibration(CALIBRATION_DIR, calibration_key(target.device_type, cfg.hardware.name))
-    predictions = predict(spec, shares_from_placement(placement, spec), calibration.coefficients, dry_run,
+    shares = (shares_from_plan(plan_rows_from_placement(placement), spec, placement.world_size)
+              if placement.planner == "torchrec" else shares_from_placement(placement, spec))
+    predictions = predict(spec, shares, calibration.coefficients, dry_run,
                           allocator_settings=allocator_settings_for(cfg.allocator, target.device_type))
     return [add_device_overheads(p, target.device_type, cfg.hardware.non_torch_reserve_mib * MIB)
             for p in predictions], calibration
@@ -78,6 +92,15 @@ def _rank_results(predictions: List[RankPrediction], target: PlanTarget) -> List
             for p in predictions]
 
 
+def planner_per_rank_bytes(placement: Optional[Placement]) -> Optional[List[int]]:
+    """torchrec's planner's own per-rank figure under membench's model (its reservation + the storage it
+    estimated for the rank's shards), None for other placements."""
+    reserved = placement.info.get("reserved_bytes") if placement else None
+    if reserved is None:
+        return None
+    return [reserved + hbm + ddr for hbm, ddr in zip(placement.per_rank_hbm_bytes, placement.per_rank_ddr_bytes)]
+
+
 def judge_plan(cfg, target: PlanTarget, predictions: List[RankPrediction], placement: Optional[Placement],
                calibration: Optional[Calibration], error: Optional[str] = None) -> PlanOutcome:
     ranks = _rank_results(predictions, target)
@@ -92,7 +115,8 @@ def judge_plan(cfg, target: PlanTarget, predictions: List[RankPrediction], place
         error = (f"does not fit: rank {worst.rank} needs {worst.peak_bytes / GIB:.2f} GiB of "
                  f"{target.capacity_bytes / GIB:.2f} GiB (short by {-worst.headroom_bytes / GIB:.2f} GiB)")
     estimate = {"verdict": "fits" if fits else "oom", "worst_rank": worst.rank if worst else None,
-                "planner": cfg.plan.planner, "plan_time_s": round(placement.plan_time_s, 3) if placement else None,
+                "planner": cfg.plan.planner, "memory_model": cfg.plan.memory_model if cfg.plan.planner == "torchrec" else None,
+                "planner_per_rank_bytes": planner_per_rank_bytes(placement), "plan_time_s": round(placement.plan_time_s, 3) if placement else None,
                 "calibration": calibration.source if calibration else None,
                 "virtual_table_bytes": build_spec(cfg.workload).virtual_bytes,
                 "placement": placement.to_dict() if placement else None}

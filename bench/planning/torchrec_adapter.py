@@ -6,8 +6,9 @@ proposals), not read from private planner attributes. Two reads of private state
 one function here: the storage reservation's dense / KJT estimates (`_reserved_dense_and_kjt`, torchrec's
 own per-rank estimate needs them and exposes no public accessor) and the numbers inside an
 INSUFFICIENT_STORAGE message (`_planner_error_storage`: torchrec's `PlannerError` carries its type but
-not the bytes). Planner failures come back as a typed `PlacementError`. At run time, the sharded
-model's all-to-all modules are found here too (`comm_modules`, private attributes).
+not the bytes). Planner failures come back as a typed `PlacementError`. The sharded model at run time has
+its own adapter (bench/run/torchrec_modules.py); membench's memory model as the planner's estimator and
+storage reservation is bench/planning/torchrec_memory_model.py.
 
 torchrec is imported inside the functions, so importing this module never loads torchrec (the native
 backend must run without it). No GPU or process group is needed to plan, even for
@@ -22,10 +23,10 @@ import re
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from bench.planning.types import DATA_PARALLEL, Placement, PlacementError, Shard, capacity_error
-from bench.results.schema import DEVICE_CUDA, DEVICE_CUDA_SIMULATED, kernel_device
+from bench.results.schema import DEVICE_CUDA, kernel_device
 from workloads.spec import WorkloadSpec
 from workloads.storage import table_storage
 from workloads.units import GIB
@@ -148,18 +149,23 @@ class PlanCapture:
 
 
 def make_planner(spec: WorkloadSpec, topology, sharding_type: str, per_table: Dict[str, str], compute_kernel: str,
-                 timeout_seconds: Optional[int] = None, column_shard_dim: Optional[int] = None):
-    """(planner, capture): torchrec's default planner, its chosen plan recorded in `capture`."""
+                 timeout_seconds: Optional[int] = None, column_shard_dim: Optional[int] = None, memory=None):
+    """(planner, capture): torchrec's planner, its chosen plan recorded in `capture`; with its default memory
+    model, or with `memory` (a `torchrec_memory_model.MembenchMemoryModel`) as its storage estimator and
+    storage reservation."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
     capture = PlanCapture()
+    constraints = parameter_constraints(spec, sharding_type, per_table, compute_kernel, column_shard_dim)
+    memory_kwargs = {} if memory is None else memory.planner_kwargs(topology, spec.config.batch_size, constraints)
     planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=spec.config.batch_size,
-        constraints=parameter_constraints(spec, sharding_type, per_table, compute_kernel, column_shard_dim),
+        constraints=constraints,
         stats=[capture.as_stats()],  # and not torchrec's own stats table: noise in per-rank logs
         debug=False,
         timeout_seconds=timeout_seconds,
+        **memory_kwargs,
     )
     return planner, capture
 
@@ -190,25 +196,42 @@ def host_memory_per_rank(cfg, ranks_per_node: int) -> int:
     return int(cfg.hardware.host_memory_gib * GIB) // max(1, ranks_per_node)
 
 
+def planner_memory(cfg, device_type: str, capacity_bytes: int, ranks_per_node: int) -> Tuple[str, Optional[int], int]:
+    """(compute_device, hbm_cap, ddr_cap) torchrec's planner plans a rank of `device_type` with: a GPU's HBM
+    and its node's host memory per rank (N10); a CPU rank (or a simulated GPU, which trains with CPU
+    kernels) plans its tables in DDR, which is the rank's memory: `capacity_bytes`, what its run is held to."""
+    compute_device = kernel_device(device_type)
+    if compute_device == DEVICE_CUDA:
+        return compute_device, capacity_bytes, host_memory_per_rank(cfg, ranks_per_node)
+    return compute_device, None, capacity_bytes
+
+
+def memory_model_for(cfg, spec: WorkloadSpec, device_type: str):
+    """membench's memory model for torchrec's planner when plan.memory_model=membench, else None (torchrec's
+    default estimator and heuristic storage reservation)."""
+    if cfg.plan.memory_model != "membench":
+        return None
+    from bench.planning.torchrec_memory_model import MembenchMemoryModel
+
+    return MembenchMemoryModel.from_config(cfg, spec, device_type)
+
+
 def make_sharding_plan(cfg, spec: WorkloadSpec, world_size: int, ranks_per_node: int, device_type: str,
                        capacity_bytes: int, model, process_group=None):
     """torchrec's plan for `model` (tables on meta) on this topology: (ShardingPlan, PlanCapture).
 
     With a process group, rank 0 plans and broadcasts (what the workers do); without one the plan is
     computed locally, which is how the launcher predicts memory before starting any rank. The planner
-    is deterministic, so both give the same plan.
+    is deterministic, so both give the same plan. plan.memory_model picks its memory model.
     """
     from torchrec.distributed.sharding_plan import get_default_sharders
 
-    # a simulated GPU trains with CPU kernels: torchrec plans for the CPU, with the GPU's memory per rank
-    compute_device = kernel_device(device_type)
-    ddr_cap = capacity_bytes if device_type == DEVICE_CUDA_SIMULATED else host_memory_per_rank(cfg, ranks_per_node)
-    topology = make_topology(
-        world_size=world_size, compute_device=compute_device,
-        hbm_cap_bytes=capacity_bytes if compute_device == DEVICE_CUDA else None,
-        ddr_cap_bytes=ddr_cap, local_world_size=ranks_per_node)
+    compute_device, hbm_cap, ddr_cap = planner_memory(cfg, device_type, capacity_bytes, ranks_per_node)
+    topology = make_topology(world_size=world_size, compute_device=compute_device, hbm_cap_bytes=hbm_cap,
+                             ddr_cap_bytes=ddr_cap, local_world_size=ranks_per_node)
     planner, capture = make_planner(spec, topology, cfg.sharding.type, dict(cfg.sharding.per_table),
-                                    cfg.sharding.compute_kernel, column_shard_dim=cfg.sharding.column_shard_dim)
+                                    cfg.sharding.compute_kernel, column_shard_dim=cfg.sharding.column_shard_dim,
+                                    memory=memory_model_for(cfg, spec, device_type))
     sharders = get_default_sharders()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -230,13 +253,17 @@ def _reserved_dense_and_kjt(reservation) -> Tuple[int, int]:
 
 
 def torchrec_estimate_parts(capture: PlanCapture, world_size: int) -> Dict[str, List[int]]:
-    """torchrec's own per-rank memory estimate for its chosen plan, in its parts: `shards` (the storage of
-    every shard it placed: weights, optimizer state and its input/output buffer estimates) and what its
-    HeuristicalStorageReservation set aside on every rank for `dense` tensors (about 6x the dense
-    parameters) and `kjt` inputs (about 20x a batch's KJT)."""
+    """torchrec's planner's own per-rank memory estimate for its chosen plan, in its parts: `shards` (the storage
+    of every shard it placed: weights, optimizer state and its input/output buffer estimates) and what its
+    storage reservation set aside on every rank: HeuristicalStorageReservation's `dense` tensors (about 6x the
+    dense parameters) and `kjt` inputs (about 20x a batch's KJT), or membench's `reserved` (a rank without
+    shards, plan.memory_model=membench)."""
     shards = [0] * world_size
     for *_, rank, hbm_bytes, ddr_bytes in capture.shards():
         shards[rank] += hbm_bytes + ddr_bytes
+    reserved = getattr(capture.storage_reservation, "reserved_bytes", None)
+    if reserved is not None:
+        return {"shards": shards, "reserved": [int(reserved)] * world_size}
     dense, kjt = _reserved_dense_and_kjt(capture.storage_reservation)
     return {"shards": shards, "dense": [dense] * world_size, "kjt": [kjt] * world_size}
 
@@ -311,15 +338,16 @@ def _placement_from_capture(spec: WorkloadSpec, capture: PlanCapture, world_size
 
 def place_torchrec(spec: WorkloadSpec, world_size: int, capacity_bytes: int, *, local_world_size: int = 8,
                    ddr_cap_bytes: int = 2 * 1024**4, compute_device: str = "cuda",
-                   timeout_seconds: Optional[int] = None) -> Placement:
+                   timeout_seconds: Optional[int] = None, memory=None) -> Placement:
     """torchrec's default ``EmbeddingShardingPlanner`` for `spec` on `world_size` ranks, as a `Placement`.
 
     The model is ``workloads.model.build_model(spec, meta)`` (embedding optimizer attached in backward, so
     the estimator counts its state), the topology `make_topology` (HBM `capacity_bytes` and DDR
     `ddr_cap_bytes` per rank, `local_world_size` ranks per node), the sharders ``get_default_sharders()``,
     and the constraints `parameter_constraints` with everything on auto (torchrec's defaults, with the
-    workload's pooling factors). torchrec keeps its default storage reservation (15% of HBM plus
-    dense/KJT estimates), so it plans against less than `capacity_bytes` per rank; it optimizes its perf
+    workload's pooling factors). Without `memory`, torchrec keeps its default storage reservation (15% of HBM
+    plus dense/KJT estimates), so it plans against less than `capacity_bytes` per rank; with `memory` (a
+    `torchrec_memory_model.MembenchMemoryModel`) it plans with membench's model instead. It optimizes its perf
     model, not memory, and takes minutes at terabyte scale. ``timeout_seconds`` bounds its proposal loop
     only and makes the plan depend on wall-clock time.
 
@@ -344,40 +372,16 @@ def place_torchrec(spec: WorkloadSpec, world_size: int, capacity_bytes: int, *, 
     with quiet_planner():
         topology = make_topology(world_size, compute_device, hbm_cap_bytes=capacity_bytes,
                                  ddr_cap_bytes=ddr_cap_bytes, local_world_size=local_world_size)
-        planner, capture = make_planner(spec, topology, "auto", {}, "auto", timeout_seconds=timeout_seconds)
+        planner, capture = make_planner(spec, topology, "auto", {}, "auto", timeout_seconds=timeout_seconds,
+                                        memory=memory)
         try:
             planner.plan(model, get_default_sharders())
         except PlannerError as error:
             raise _placement_error(error, spec, world_size, capacity_bytes) from error
     info = {"model_build_s": model_build_s, "timeout_seconds": timeout_seconds,
+            "memory_model": "torchrec" if memory is None else "membench",
+            # membench's model: the planner's reservation per rank (its figure: this + the rank's shards)
+            "reserved_bytes": getattr(capture.storage_reservation, "reserved_bytes", None),
             "capacity_bytes": int(capacity_bytes), "local_world_size": local_world_size,
             "ddr_cap_bytes": int(ddr_cap_bytes), "compute_device": compute_device}
     return _placement_from_capture(spec, capture, world_size, time.perf_counter() - start, info)
-
-
-# -- the sharded model at run time -------------------------------------------------------------------
-DIST_ATTRIBUTES = ("_input_dists", "_output_dists")
-
-
-def comm_modules(model) -> Iterable:
-    """torchrec's input/output distribution modules (all-to-all of ids and pooled embeddings).
-
-    Sharded collections keep them in plain lists (private, created in the first forward), so
-    `model.modules()` does not reach them; this is the one place that knows where they live.
-    """
-    import torch
-
-    for module in model.modules():
-        for attribute in DIST_ATTRIBUTES:
-            for dist_module in getattr(module, attribute, None) or []:
-                if isinstance(dist_module, torch.nn.Module):
-                    yield dist_module
-
-
-def skip_collective_validation() -> None:
-    """DistributedModelParallel asks rank 0 whether to validate collectives (`init_collective_validation`: a
-    broadcast of a pickled flag); an emulated rank has no rank 0 to answer, so the question is settled here
-    as torchrec's default answers it (validation off), before any model is built."""
-    from torchrec.distributed import collective_utils
-
-    collective_utils._INITIALIZED = True  # noqa: SLF001 (torchrec's own once-per-process guard)

@@ -13,9 +13,17 @@ from typing import Dict, List, Optional, Protocol
 
 from workloads.spec import WorkloadSpec
 from workloads.units import GIB, TB
+from workloads.validate import ConfigError
 
 # torchrec's name for a replicated table: looked up locally, its pooled output crosses no all-to-all
 DATA_PARALLEL = "data_parallel"
+# torchrec's planner's memory model (plan.memory_model): its own, or membench's (torchrec_memory_model)
+MEMORY_MODELS = ("torchrec", "membench")
+
+
+def validate_memory_model(value: str) -> None:
+    if value not in MEMORY_MODELS:
+        raise ConfigError("plan.memory_model", value, f"use {' or '.join(MEMORY_MODELS)}")
 
 
 @dataclass(frozen=True)

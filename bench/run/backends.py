@@ -8,7 +8,7 @@ from typing import Callable, Dict, List, Protocol, Tuple
 import torch
 import torch.distributed as dist
 
-from bench.planning.torchrec_adapter import comm_modules
+from bench.run.torchrec_modules import comm_modules
 from bench.run.memory.ownership import local_tensors, optimizer_state_tensors, torchrec_ownership
 from bench.run.memory.recorder import MemoryRecorder
 
@@ -55,7 +55,7 @@ class TorchrecBackend:
         model = build_model(spec, dense_device=device)
         emulated = launch.emulated_rank is not None
         if emulated:  # no rank 0 to plan and broadcast, nor to answer DMP's validation question: both local
-            from bench.planning.torchrec_adapter import skip_collective_validation
+            from bench.run.torchrec_modules import skip_collective_validation
 
             skip_collective_validation()
         plan, _ = make_sharding_plan(cfg, spec, launch.world_size, launch.ranks_per_node, launch.device_type,

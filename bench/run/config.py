@@ -148,6 +148,10 @@ class PlanConfig:
     # membench (fast greedy placement on torchrec-compatible storage) | torchrec (its default planner;
     # minutes at thousands of tables and ranks)
     planner: str = "membench"
+    # torchrec's planner's memory model (plan.planner=torchrec, and runs that let torchrec plan: sharding=auto
+    # or any type torchrec places): torchrec (its EmbeddingStorageEstimator and HeuristicalStorageReservation)
+    # | membench (membench's prediction as its storage estimator and reservation; docs/plan.md)
+    memory_model: str = "torchrec"
     # Row-wise split of tables larger than this share of a rank's capacity (CUDA only)
     max_shard_fraction: float = 0.25
     # Provisioning: keep this share of each rank's capacity free
@@ -186,7 +190,7 @@ class RunConfig:
 # a config which does not use them keeps the hash its baselines (and earlier results) were recorded with
 HASHED_WHEN_SET = {"pipeline": {"name": "plain"}, "workload.tables_file": None, "workload.generator": "auto",
                    "emulate": {"world_size": None, "rank": "auto"}, "sharding.column_shard_dim": None,
-                   "allocator.large_segment_size_mb": None}
+                   "allocator.large_segment_size_mb": None, "plan.memory_model": "torchrec"}
 
 
 def register_configs() -> None:
@@ -225,6 +229,11 @@ def config_hash(cfg: RunConfig) -> str:
                for name in (*HASHED_SECTIONS, *(path for path in HASHED_WHEN_SET if "." not in path))}
     for path, default in HASHED_WHEN_SET.items():
         *parents, key = path.split(".")
+        if parents and parents[0] not in payload:  # one field of a section not hashed otherwise
+            value = getattr(getattr(cfg, parents[0]), key)
+            if value != default:
+                payload[path] = value
+            continue
         node = payload
         for parent in parents:
             node = node[parent]

@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 import psutil
 from omegaconf import OmegaConf
 
-from bench.planning.types import PlanTarget
+from bench.planning.types import PlanTarget, validate_memory_model
 from bench.run.launch_types import LaunchSpec
 from bench.results.schema import (DEVICE_CPU, DEVICE_CUDA, DEVICE_CUDA_SIMULATED, has_cuda_allocator,
                                   kernel_device)
@@ -267,6 +267,7 @@ def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int |
     if cfg.record.nvml_interval_ms < 1:
         raise ConfigError("record.nvml_interval_ms", cfg.record.nvml_interval_ms, "must be >= 1")
     validate_workload(cfg.workload)
+    validate_memory_model(cfg.plan.memory_model)
     validate_pipeline(cfg.pipeline.name, cfg.model.backend, kernel_device(launch.device_type))
     _validate_sharding(cfg, kernel_device(launch.device_type))
     _validate_materialized(cfg, launch, available_host_bytes)
