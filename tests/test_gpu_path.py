@@ -216,13 +216,13 @@ def test_a_failed_rank_does_not_wait_for_its_device_and_the_baseline_recorder_do
         assert len(result.step_times_s) == 2
 
 
-def test_torchrecs_host_memory_is_a_node_s_share_per_rank(monkeypatch):
-    """Audit N10: torchrec's ddr_cap is per rank; hardware.host_memory_gib is per node. Passed whole, the
-    nightly UVM entry (8 ranks, 2048 GiB a node) was planned as if each rank had 2 TiB (16 TiB a node)."""
+def topology_planned(monkeypatch, overrides, *plan_args) -> dict:
+    """The keyword arguments torchrec_adapter.make_sharding_plan(cfg, None, *plan_args) builds its topology
+    with (the planner itself never runs)."""
     from bench.planning import torchrec_adapter
     from bench.run.execute import compose_run_config
 
-    cfg = compose_run_config(["hardware=h100_80g", "hardware.ranks_per_node=8"])
+    cfg = compose_run_config(overrides)
     seen = {}
 
     class Planned(Exception):
@@ -234,8 +234,18 @@ def test_torchrecs_host_memory_is_a_node_s_share_per_rank(monkeypatch):
 
     monkeypatch.setattr(torchrec_adapter, "make_topology", topology)
     with pytest.raises(Planned):
-        torchrec_adapter.make_sharding_plan(cfg, None, 16, 8, "cuda", 80 << 30, None)
-    assert seen["ddr_cap_bytes"] == int(cfg.hardware.host_memory_gib * 1024**3) // 8
+        torchrec_adapter.make_sharding_plan(cfg, None, *plan_args, None)
+    return seen
+
+
+def test_torchrecs_host_memory_is_a_node_s_share_per_rank(monkeypatch):
+    """Audit N10: torchrec's ddr_cap is per rank; hardware.host_memory_gib is per node. Passed whole, the
+    nightly UVM entry (8 ranks, 2048 GiB a node) was planned as if each rank had 2 TiB (16 TiB a node)."""
+    from bench.run.execute import compose_run_config
+
+    overrides = ["hardware=h100_80g", "hardware.ranks_per_node=8"]
+    seen = topology_planned(monkeypatch, overrides, 16, 8, "cuda", 80 << 30)
+    assert seen["ddr_cap_bytes"] == int(compose_run_config(overrides).hardware.host_memory_gib * 1024**3) // 8
     assert seen["local_world_size"] == 8
 
 

@@ -54,7 +54,7 @@ def test_a_shard_adds_its_storage_and_the_buffers_of_the_batch_it_serves():
     from bench.planning.calibration import prediction_interval
     from workloads.storage import optimizer_state_bytes
 
-    memory = MembenchMemoryModel.from_overrides(["workload=tiny", "hardware=cpu", "workload.embedding_optimizer=adam"])
+    memory = MembenchMemoryModel.from_config(compose_run_config(["workload=tiny", "hardware=cpu", "workload.embedding_optimizer=adam"]))
     table = memory.spec.tables[0]
     rows, dim = table.physical_rows, table.embedding_dim
     storage = rows * dim * table.bytes_per_element + optimizer_state_bytes("adam", rows, dim)
@@ -82,7 +82,7 @@ def test_kernels_membench_does_not_model_keep_torchrec_s_estimate():
     from bench.planning.torchrec_memory_model import MembenchMemoryModel
     from workloads.model import build_model
 
-    memory = MembenchMemoryModel.from_overrides(["workload=tiny", "hardware=h100_80g"])
+    memory = MembenchMemoryModel.from_config(compose_run_config(["workload=tiny", "hardware=h100_80g"]))
     topology = make_topology(2, "cuda", 80 << 30, 1 << 40, 2)
     model = build_model(memory.spec, torch.device("meta"))
     sharders = get_default_sharders()
@@ -124,27 +124,6 @@ def test_plan_with_membench_s_model_predicts_what_run_predicts_for_the_same_plan
     upper = [high for _, high in before_launch["per_rank_interval"]]  # what the planner plans a rank with
     assert all(abs(f - u) <= len(cfg_tables) + 1 for f, u in zip(outcome.estimate["planner_per_rank_bytes"], upper))
     assert outcome.estimate["memory_model"] == "membench"
-
-
-def test_on_cpu_torchrec_s_planner_plans_the_rank_s_capacity(monkeypatch):
-    """A CPU rank's memory is its emulated capacity (an allocation past it is an OOM): torchrec's planner
-    used to plan it with the node's host memory per rank instead (8 GiB against a 0.25 GiB rank)."""
-    from bench.planning import torchrec_adapter
-
-    cfg = compose_run_config(["hardware=cpu"])
-    seen = {}
-
-    class Planned(Exception):
-        pass
-
-    def topology(**kwargs):
-        seen.update(kwargs)
-        raise Planned
-
-    monkeypatch.setattr(torchrec_adapter, "make_topology", topology)
-    with pytest.raises(Planned):
-        torchrec_adapter.make_sharding_plan(cfg, None, 2, 2, "cpu", 256 << 20, None)
-    assert seen["ddr_cap_bytes"] == 256 << 20 and seen["compute_device"] == "cpu"
 
 
 @pytest.mark.parametrize("overrides, field", [

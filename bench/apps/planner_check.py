@@ -54,12 +54,13 @@ def print_table(summary: dict, console) -> None:
 
     for label, per_model in summary.items():
         table = Table(title=f"torchrec's planner, {label} ranks: memory model vs what ran", title_justify="left")
-        for column in ("memory model", "workloads", "ran ok", "OOM", "refused", "refused, a plan fits",
+        for column in ("memory model", "workloads", "ran ok", "OOM", "failed", "refused", "refused, a plan fits",
                        "unused at highest rank (median)", "(mean)"):
             table.add_column(column, justify="left" if column == "memory model" else "right")
         for model in MEMORY_MODELS:
             row = per_model[model]
-            table.add_row(model, *(str(row[k]) for k in ("workloads", "ok", "oom", "refused", "refused_although_fits")),
+            table.add_row(model, *(str(row[k]) for k in ("workloads", "ok", "oom", "failed", "refused",
+                                                    "refused_although_fits")),
                           *("-" if row[k] is None else f"{100 * row[k]:.1f} %" for k in ("unused_median", "unused_mean")))
         console.print(table)
 

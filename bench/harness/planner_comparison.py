@@ -54,8 +54,11 @@ class WorkloadComparison:
             other.verdict == OK for name, other in self.outcomes.items() if name != model)
 
 
-def capacity_overrides(capacity_bytes: int) -> List[str]:
-    return [f"hardware.capacity_gib={capacity_bytes / GIB:.12f}"]
+def capacity_overrides(capacity_bytes: int, ranks_per_node: int) -> List[str]:
+    """A rank of `capacity_bytes`, and the same for torchrec's planner: on CPU it plans a rank's tables in DDR,
+    the node's host memory per rank (hardware.host_memory_gib / ranks per node)."""
+    return [f"hardware.capacity_gib={capacity_bytes / GIB:.12f}",
+            f"hardware.host_memory_gib={capacity_bytes * ranks_per_node / GIB:.12f}"]
 
 
 def checked(overrides: List[str]):
@@ -87,10 +90,11 @@ def reference_bytes(overrides: List[str]) -> int:
     return max(estimate["per_rank_peak"])
 
 
-def run_model(overrides: List[str], model: str, capacity_bytes: int, run_dir: Path, run_id: str) -> ModelOutcome:
+def run_model(overrides: List[str], model: str, capacity_bytes: int, ranks_per_node: int, run_dir: Path,
+              run_id: str) -> ModelOutcome:
     from bench.run.execute import run_overrides
 
-    overrides = overrides + capacity_overrides(capacity_bytes) + [f"plan.memory_model={model}"]
+    overrides = overrides + capacity_overrides(capacity_bytes, ranks_per_node) + [f"plan.memory_model={model}"]
     estimate, error = planned(overrides)
     if estimate is None:
         return ModelOutcome(model, REFUSED, error=error)
@@ -113,14 +117,14 @@ def compare_workload(index: int, overrides: List[str], seed: int, out_dir: Path,
     _, launch = checked(overrides)
     reference = reference_bytes(overrides)
     factor = random.Random(f"capacity:{seed}:{index}:{emulated_world_size}").uniform(*CAPACITY_FACTORS)
-    _, at_capacity = checked(overrides + capacity_overrides(int(reference * factor)))
+    _, at_capacity = checked(overrides + capacity_overrides(int(reference * factor), launch.ranks_per_node))
     capacity = at_capacity.capacity_bytes  # as the launch reads hardware.capacity_gib back
     comparison = WorkloadComparison(index, overrides, launch.world_size, bool(emulated_world_size), capacity,
                                     reference)
     name = f"{index:02d}" + (f"-n{emulated_world_size}" if emulated_world_size else "")
     for model in MEMORY_MODELS:
-        comparison.outcomes[model] = run_model(overrides, model, capacity, out_dir / f"{name}-{model}",
-                                               f"{out_dir.name}/{name}-{model}")
+        comparison.outcomes[model] = run_model(overrides, model, capacity, launch.ranks_per_node,
+                                               out_dir / f"{name}-{model}", f"{out_dir.name}/{name}-{model}")
     comparison.wall_s = round(time.perf_counter() - started, 2)
     return comparison
 

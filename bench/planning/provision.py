@@ -115,8 +115,10 @@ def judge_plan(cfg, target: PlanTarget, predictions: List[RankPrediction], place
         error = (f"does not fit: rank {worst.rank} needs {worst.peak_bytes / GIB:.2f} GiB of "
                  f"{target.capacity_bytes / GIB:.2f} GiB (short by {-worst.headroom_bytes / GIB:.2f} GiB)")
     estimate = {"verdict": "fits" if fits else "oom", "worst_rank": worst.rank if worst else None,
-                "planner": cfg.plan.planner, "memory_model": cfg.plan.memory_model if cfg.plan.planner == "torchrec" else None,
-                "planner_per_rank_bytes": planner_per_rank_bytes(placement), "plan_time_s": round(placement.plan_time_s, 3) if placement else None,
+                "planner": cfg.plan.planner,
+                "memory_model": cfg.plan.memory_model if cfg.plan.planner == "torchrec" else None,
+                "planner_per_rank_bytes": planner_per_rank_bytes(placement),
+                "plan_time_s": round(placement.plan_time_s, 3) if placement else None,
                 "calibration": calibration.source if calibration else None,
                 "virtual_table_bytes": build_spec(cfg.workload).virtual_bytes,
                 "placement": placement.to_dict() if placement else None}
@@ -134,10 +136,11 @@ def plan(cfg, spec: WorkloadSpec, target: PlanTarget) -> PlanOutcome:
     return judge_plan(cfg, target, predictions, placement, calibration)
 
 
-def evaluate(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int, dry_run: DryRunModel) -> dict:
+def evaluate(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int, dry_run: DryRunModel,
+             memory=None) -> dict:
     budget = int(target.capacity_bytes * (1 - cfg.plan.headroom))
     try:
-        placement = place(cfg, spec, target, world_size)
+        placement = place(cfg, spec, target, world_size, memory)
     except PlacementError as err:
         return {"world_size": world_size, "fits": False, "max_rank_bytes": None, "shortfall_bytes": err.shortfall_bytes,
                 "reason": str(err)}
@@ -164,9 +167,10 @@ def provision(cfg, target: PlanTarget, progress=_say, on_world_size=None) -> dic
         workload.batch_size = batch
         spec = build_spec(workload)
         dry_run = dry_run_for(cfg, spec)  # built once per batch size, stepped per distinct rank share
+        memory = memory_model_for(cfg, spec, target.device_type)  # likewise (None: torchrec's own model)
         previous, chosen = None, None
         for world_size in range(target.ranks_per_node, cfg.plan.max_world_size + 1, target.ranks_per_node):
-            point = evaluate(cfg, spec, target, world_size, dry_run)
+            point = evaluate(cfg, spec, target, world_size, dry_run, memory)
             if on_world_size is not None:
                 on_world_size(batch, point)
             if point["fits"]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from bench.planning.types import DATA_PARALLEL, Placement, PlacementError, Shard, capacity_error
-from bench.results.schema import DEVICE_CUDA, kernel_device
+from bench.results.schema import DEVICE_CUDA, DEVICE_CUDA_SIMULATED, kernel_device
 from workloads.spec import WorkloadSpec
 from workloads.storage import table_storage
 from workloads.units import GIB
@@ -197,13 +197,14 @@ def host_memory_per_rank(cfg, ranks_per_node: int) -> int:
 
 
 def planner_memory(cfg, device_type: str, capacity_bytes: int, ranks_per_node: int) -> Tuple[str, Optional[int], int]:
-    """(compute_device, hbm_cap, ddr_cap) torchrec's planner plans a rank of `device_type` with: a GPU's HBM
-    and its node's host memory per rank (N10); a CPU rank (or a simulated GPU, which trains with CPU
-    kernels) plans its tables in DDR, which is the rank's memory: `capacity_bytes`, what its run is held to."""
+    """(compute_device, hbm_cap, ddr_cap) torchrec's planner plans a rank of `device_type` with: a GPU's HBM and
+    its node's host memory per rank (N10); a CPU rank its node's host memory per rank (DDR); a simulated GPU,
+    which trains with CPU kernels, in DDR with the GPU's memory."""
     compute_device = kernel_device(device_type)
     if compute_device == DEVICE_CUDA:
         return compute_device, capacity_bytes, host_memory_per_rank(cfg, ranks_per_node)
-    return compute_device, None, capacity_bytes
+    ddr_cap = capacity_bytes if device_type == DEVICE_CUDA_SIMULATED else host_memory_per_rank(cfg, ranks_per_node)
+    return compute_device, None, ddr_cap
 
 
 def memory_model_for(cfg, spec: WorkloadSpec, device_type: str):

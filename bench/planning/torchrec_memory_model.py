@@ -17,7 +17,7 @@ The sum a planner makes from them is membench's prediction where that prediction
 (`bench.planning.estimate.predict`). Kernels membench does not model (UVM, key-value) keep torchrec's own
 estimate. A torchrec user adds it to their planner in two lines (docs/plan.md):
 
-    memory = MembenchMemoryModel.from_overrides(["workload=my_model", "hardware=h100_80g"])
+    memory = MembenchMemoryModel.from_config(compose_run_config(["workload=my_model", "hardware=h100_80g"]))
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch, **memory.planner_kwargs(topology))
 
 This module imports torchrec (import it only where torchrec is installed).
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
@@ -78,14 +78,6 @@ class MembenchMemoryModel:
         return cls(spec, dry_run_for(cfg, spec), calibration.coefficients, device_type,
                    allocator_settings_for(cfg.allocator, device_type), cfg.hardware.non_torch_reserve_mib * MIB,
                    calibration.interval_pct.get("torchrec", 0.0))
-
-    @classmethod
-    def from_overrides(cls, overrides: Sequence[str] = ()):
-        """The model for `membench run` overrides (e.g. ``["workload=tiny", "hardware=cpu"]``), validated as
-        `membench plan` validates them (a ConfigError names the bad field)."""
-        from bench.run.execute import compose_run_config
-
-        return cls.from_config(compose_run_config(list(overrides)))
 
     # -- the two halves of a rank's prediction ---------------------------------------------------------
     def predicted_bytes(self, share: RankShare, world_size: int) -> int:
@@ -212,14 +204,12 @@ class MembenchStorageReservation(StorageReservation):
         self._memory = memory
         self._last_reserved_topology: Optional[Topology] = None
         self.reserved_bytes: Optional[int] = None  # per rank, at the last reserve()
-        self.capacities: List[int] = []  # each rank's memory (its tier), at the last reserve()
         # torchrec 1.8's planner reads `_percentage` off any other reservation when it explains a failed plan
         # (planners.py); none of capacity is held back as a percentage here
         self._percentage = 0.0
 
     def reserve(self, topology: Topology, batch_size: int, module, sharders, constraints=None) -> Topology:
         self._memory.check_batch_size(batch_size)
-        self.capacities = [tier_bytes(topology, device.storage) for device in topology.devices]
         reserved = copy.deepcopy(topology)
         self.reserved_bytes = self._memory.reserved_bytes(topology.world_size)
         for device in reserved.devices:
@@ -249,19 +239,23 @@ class MembenchPartitioner(Partitioner):
             plan = self._greedy.partition(proposal, storage_constraint)
         except PlannerError:
             plan = self._greedy.partition(proposal, self._relaxed(storage_constraint))
-        self._check(plan, storage_constraint.world_size)
+        self._check(plan, storage_constraint)
         return plan
+
+    def _capacities(self, storage_constraint: Topology) -> List[int]:
+        """Each rank's memory: what the reservation left of it, and what it reserved."""
+        reserved = self._memory.storage_reservation().reserved_bytes or 0
+        return [tier_bytes(storage_constraint, device.storage) + reserved for device in storage_constraint.devices]
 
     def _relaxed(self, storage_constraint: Topology) -> Topology:
         relaxed = copy.deepcopy(storage_constraint)
-        capacities = self._memory.storage_reservation().capacities
-        for device, capacity in zip(relaxed.devices, capacities):
+        for device, capacity in zip(relaxed.devices, self._capacities(storage_constraint)):
             device.storage += device_storage(relaxed, int(capacity * self.RELAXED_FRACTION))
         return relaxed
 
-    def _check(self, plan: List[ShardingOption], world_size: int) -> None:
-        capacities = self._memory.storage_reservation().capacities
-        for rank, (planned, capacity) in enumerate(zip(self._memory.plan_bytes(plan, world_size), capacities)):
+    def _check(self, plan: List[ShardingOption], storage_constraint: Topology) -> None:
+        planned_bytes = self._memory.plan_bytes(plan, storage_constraint.world_size)
+        for rank, (planned, capacity) in enumerate(zip(planned_bytes, self._capacities(storage_constraint))):
             if planned > capacity:
                 raise PlannerError(f"membench: rank {rank} would need {planned} bytes of {capacity} (its whole "
                                    f"prediction, at the upper end of the interval)",
