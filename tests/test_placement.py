@@ -235,7 +235,9 @@ def test_planner_error_shortfall_parsing():
     message = ("Unable to find a plan ...\n\t  Global storage available for model parallel: "
                "Storage(hbm = 100.5 GB, ddr = 10.0 GB), \n\t  Global storage requirement for model "
                "parallel: Storage(hbm = 160.5 GB, ddr = 4.0 GB))\n")
-    assert _planner_error_storage(message) == (60 * GIB, int(160.5 * GIB), int(100.5 * GIB))
+    assert _planner_error_storage(message) == (60 * GIB, int(160.5 * GIB), int(100.5 * GIB), "hbm")
+    host_short = message.replace("ddr = 4.0", "ddr = 14.0").replace("hbm = 160.5", "hbm = 90.5")
+    assert _planner_error_storage(host_short) == (4 * GIB, 14 * GIB, 10 * GIB, "host")
     assert _planner_error_storage("no storage here") is None
 
 

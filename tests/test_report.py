@@ -47,7 +47,7 @@ def test_full_report_figures_and_numbers(tmp_path, capsys):
     out = tmp_path / "rep"
     code, stdout, err = run_report(capsys, root, "--out", out, "--format", "png,svg")
     assert code == 0, err
-    assert "figure 9/9" in stdout and "report.md" in stdout
+    assert "figure 10/10" in stdout and "report.md" in stdout
     for stem in ("fig1_timeline_1", "fig2_breakdown", "fig3_utilization_cdf", "fig4_imbalance", "fig5_oom_frontier_1"):
         assert_figure(out, stem, ("png", "svg"))
     md = (out / "report.md").read_text()
@@ -261,3 +261,32 @@ def test_estimate_against_world_size_ladder(tmp_path, capsys):
     assert run_report(capsys, alone, "--out", tmp_path / "out2", "--format", "png")[0] == 0
     assert not (tmp_path / "out2" / "fig6c_estimate_vs_world_size.png").exists()
     assert (tmp_path / "out2" / "fig6_estimate_vs_measured.png").is_file()
+
+
+def test_planner_comparison_figure_draws_the_json_beside_its_runs(tmp_path, capsys):
+    """planner-check's JSON next to its runs: the counts per memory model from it, the figure drawn, an old
+    figure 10 of the same directory removed when a later report skips it."""
+    from bench.harness.planner_comparison import RESULT_FILE, ModelOutcome, WorkloadComparison, to_json
+
+    root = tmp_path / "results" / "planners-20260101-000000"
+    make_run(root / "01-torchrec", [make_rank(0, 20 * MIB, CAP)])
+    outcomes = [("ok", "ok"), ("oom", "refused"), ("ok", "failed"), ("refused", "ok")]
+    workloads = []
+    for index, (theirs, ours) in enumerate(outcomes):
+        unused = lambda verdict: 10 * MIB if verdict == "ok" else None  # noqa: E731
+        workloads.append(WorkloadComparison(index, [], 2, index == 3, CAP, CAP, outcomes={
+            "torchrec": ModelOutcome("torchrec", theirs, unused_bytes=unused(theirs)),
+            "membench": ModelOutcome("membench", ours, unused_bytes=unused(ours))}))
+    (root / RESULT_FILE).write_text(json.dumps(to_json(0, workloads)))
+    out = tmp_path / "rep"
+    code, stdout, err = run_report(capsys, root, "--out", out, "--format", "png")
+    assert code == 0, err
+    assert_figure(out, "fig10_planners_1", ("png",))
+    rows = {(row[0], row[1]): row[2:8] for row in table((out / "report.md").read_text(), "ranks", "memory model")}
+    assert rows[("cpu", "torchrec")] == ["3", "2", "1", "0", "0", "0"]
+    assert rows[("cpu", "membench")] == ["3", "1", "0", "1", "1", "0"]  # refused where torchrec's ran out
+    assert rows[("emulated", "membench")] == ["1", "1", "0", "0", "0", "0"]
+    (root / RESULT_FILE).unlink()
+    code, _, err = run_report(capsys, root, "--out", out, "--format", "png")
+    assert code == 0 and not (out / "fig10_planners_1.png").exists()
+    assert "Skipped: no planner comparison among the runs" in (out / "report.md").read_text()

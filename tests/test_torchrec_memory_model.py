@@ -135,7 +135,7 @@ def test_a_bad_memory_model_is_one_line_naming_the_field(overrides, field):
     from workloads.validate import ConfigError
 
     with pytest.raises(ConfigError) as err:
-        validate_plan_config(compose_run_config(overrides).plan)
+        validate_plan_config(compose_run_config(overrides).plan, "cpu")
     assert str(err.value).startswith(f"invalid config: {field}=") and "\n" not in str(err.value)
 
 

@@ -112,10 +112,19 @@ def test_fused_adam_is_refused_on_cpu_but_not_for_data_parallel():
     check(gpu, cuda_devices=2)
 
 
-def test_uvm_caching_needs_cuda():
+@pytest.mark.parametrize("kernel", ["fused_uvm", "fused_uvm_caching"])
+def test_uvm_kernels_need_cuda_ranks_to_run(kernel):
     cfg = run_config()
-    cfg.sharding.compute_kernel = "fused_uvm_caching"
-    with pytest.raises(ConfigError, match="UVM caching needs CUDA"):
+    cfg.sharding.compute_kernel = kernel
+    with pytest.raises(ConfigError, match="UVM kernels need CUDA ranks to run"):
+        check(cfg)
+
+
+@pytest.mark.parametrize("ratio", [0, 1.5, -0.1, "x"])
+def test_a_caching_ratio_outside_0_1_is_one_line_naming_it(ratio):
+    cfg = run_config()
+    cfg.sharding.caching_ratio = ratio
+    with pytest.raises(ConfigError, match=r"^invalid config: sharding.caching_ratio="):
         check(cfg)
 
 

@@ -18,7 +18,7 @@ HISTOGRAM = "histogram"
 ARCHS = ("dlrm", "dlrm_dcn")
 SHARDING_TYPES_CPU = ("data_parallel", "table_wise", "column_wise", "table_column_wise")
 SHARDING_TYPES_CUDA_ONLY = ("row_wise", "table_row_wise", "grid_shard")
-COMPUTE_KERNELS = ("auto", "fused", "dense", "fused_uvm_caching")
+COMPUTE_KERNELS = ("auto", "fused", "dense", "fused_uvm", "fused_uvm_caching")
 # fbgemm's CPU table-batched kernels implement only these fused optimizers (exact SGD / row-wise Adagrad)
 EMBEDDING_OPTIMIZERS_CPU_FUSED = ("sgd", "rowwise_adagrad")
 # fbgemm's table-batched embedding kernels need every dim to be a multiple of 4 (vectorized rows)

@@ -30,6 +30,7 @@ commands:
   provision  recommend the smallest world size that fits with headroom (and per batch size)
   calibrate  fit the peak predictor from measured runs (results/calibration/<hardware>.json)
   planner-check  torchrec's planner with its memory model and membench's, each plan run at a tight capacity
+  reservation  a finished run's measured static base, activation term and overhead as torchrec's reservation
   report     figures + report.md from runs, sweeps or a results directory
   compare    the regression table between two runs (or two sweeps, point by point); exit 1 if they differ
   export     runs as one table (.csv, .jsonl, .parquet): a row per run and rank, config keys as columns
@@ -45,6 +46,7 @@ examples:
   membench run --help                               # config groups and every option
   membench plan workload=tb_10 hardware=h100_80g world_size=512
   membench provision workload=tb_1 hardware=h100_80g plan.headroom=0.1
+  membench reservation results/runs/<run>          # its measured terms as torchrec's storage reservation
   membench report results/runs/sweep-<id> --out report/
   membench compare results/runs/<run A> results/runs/<run B> --rtol 0.01
   membench export results/runs/sweep-<id> --out sweep.csv     # or .jsonl, .parquet; --timelines
@@ -52,12 +54,14 @@ examples:
 
 exit status: 0 ok, 1 failed, 2 invalid config, 3 out of memory, 4 timeout, 130 interrupted
 """
-COMMANDS = ("run", "plan", "provision", "calibrate", "planner-check", "report", "compare", "export", "ls")
+COMMANDS = ("run", "plan", "provision", "calibrate", "planner-check", "reservation", "report", "compare", "export",
+            "ls")
 # Hydra apps: module and the task of one job (returns a JobOutcome)
 HYDRA_COMMANDS = {"run": ("bench.apps.run", "run_job"), "plan": ("bench.apps.plan", "plan_job"),
                   "provision": ("bench.apps.plan", "provision_job")}
 # subcommands with their own argparse interface (the rest are Hydra apps)
 ARGPARSE_COMMANDS = {"calibrate": "bench.apps.calibrate", "planner-check": "bench.apps.planner_check",
+                     "reservation": "bench.apps.reservation",
                      "report": "bench.report", "compare": "bench.apps.compare",
                      "export": "bench.apps.export", "ls": "bench.apps.ls"}
 

@@ -143,8 +143,10 @@ def print_plan(summary: RunSummary, run_dir: Path) -> None:
         table = Table(title=f"per-rank estimate (GiB){' - top 5 and the smallest' if len(ranks) > 8 else ''}",
                       title_justify="left")
         in_flight = any(rank.breakdown.get("inputs_in_flight") for rank in shown)
-        for column in ("rank", "total", "capacity", "util %", "headroom", "emb weights", "emb optim", "dense+optim",
-                       "activations", *(["in flight"] if in_flight else []), "overheads"):
+        cached = any(rank.breakdown.get("embedding_cache") for rank in shown)
+        for column in ("rank", "total", "capacity", "util %", "headroom", "emb weights", "emb optim",
+                       *(["emb cache+state"] if cached else []), "dense+optim", "activations",
+                       *(["in flight"] if in_flight else []), "overheads"):
             table.add_column(column, justify="right")
         for rank in shown:
             b = rank.breakdown
@@ -152,6 +154,7 @@ def print_plan(summary: RunSummary, run_dir: Path) -> None:
             table.add_row(str(rank.rank), f"{rank.peak_bytes / GIB:.2f}", f"{rank.capacity_bytes / GIB:.2f}",
                           f"{100 * rank.utilization:.1f}", f"{rank.headroom_bytes / GIB:.2f}",
                           f"{b['embedding_weights'] / GIB:.2f}", f"{b['embedding_optimizer'] / GIB:.2f}",
+                          *([f"{(b['embedding_cache'] + b['embedding_cache_state']) / GIB:.2f}"] if cached else []),
                           f"{dense / GIB:.2f}", f"{b['activations'] / GIB:.2f}",
                           *([f"{b.get('inputs_in_flight', 0) / GIB:.3f}"] if in_flight else []),
                           f"{(b['allocator_overhead'] + b['non_torch']) / GIB:.2f}")
@@ -159,9 +162,19 @@ def print_plan(summary: RunSummary, run_dir: Path) -> None:
         job = summary.job
         console.print(f"job: utilization min/mean/max {100 * job.utilization_min:.1f}/{100 * job.utilization_mean:.1f}/"
                       f"{100 * job.utilization_max:.1f} %, imbalance {job.imbalance:.3f}")
+    host = summary.estimate.get("per_node_host_bytes") or [] if summary.estimate else []
+    if any(host):
+        console.print(f"host memory (UVM tables): highest node {max(host) / GIB:.2f} GiB of "
+                      f"{summary.estimate['host_capacity_bytes'] / GIB:.2f} GiB per node")
     if summary.error:
         console.print(f"[{style}]{summary.error}[/{style}]")
     console.print(f"results: {run_dir}")
+
+
+def limit_name(point: dict) -> str:
+    """Which limit a world size that does not fit ran into: HBM per rank, host memory per node (UVM tables),
+    or the planner's refusal."""
+    return {"hbm": "HBM", "host": "host memory"}.get(point.get("binding"), "planner" if point.get("reason") else "HBM")
 
 
 def print_provision(report: dict, out_path: Path) -> None:
@@ -170,17 +183,18 @@ def print_provision(report: dict, out_path: Path) -> None:
                         f"({report['capacity_bytes'] / GIB:.0f} GiB/rank, headroom {100 * report['headroom']:.0f}%)",
                   title_justify="left")
     for column in ("batch/rank", "recommended ranks", "nodes", "max rank GiB", "util max %", "util mean %",
-                   "next smaller", "it lacks (GiB)"):
+                   "next smaller", "it lacks (GiB)", "limit"):
         table.add_column(column, justify="right")
     for row in report["results"]:
         chosen, smaller = row["recommended"], row["next_smaller"]
         if chosen is None:
-            table.add_row(str(row["batch_size"]), "none fits", "-", "-", "-", "-", "-", "-")
+            table.add_row(str(row["batch_size"]), "none fits", "-", "-", "-", "-", "-", "-", "-")
             continue
         lacks = "-" if smaller is None else f"{smaller['shortfall_bytes'] / GIB:.2f}"
         table.add_row(str(row["batch_size"]), str(chosen["world_size"]),
                       str(chosen["world_size"] // report["ranks_per_node"]), f"{chosen['max_rank_bytes'] / GIB:.2f}",
                       f"{100 * chosen['utilization_max']:.1f}", f"{100 * chosen['utilization_mean']:.1f}",
-                      "-" if smaller is None else str(smaller["world_size"]), lacks)
+                      "-" if smaller is None else str(smaller["world_size"]), lacks,
+                      "-" if smaller is None else limit_name(smaller))
     console.print(table)
     console.print(f"results: {out_path}")

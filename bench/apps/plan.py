@@ -37,7 +37,7 @@ def checked_job(dict_cfg: DictConfig, mode: str):
     cfg = with_changes(to_run_config(dict_cfg), mode=mode)
     try:
         target = resolve_target(cfg, visible_cuda=None)
-        validate_plan_config(cfg.plan)
+        validate_plan_config(cfg.plan, target.device_type)
         validate_workload(cfg.workload)
     except ConfigError as err:
         print(f"membench: {err}", file=sys.stderr)

@@ -3,6 +3,7 @@ workloads at a tight capacity, every plan run for real.
 
     membench planner-check                       # 30 random CPU workloads + 3 at an emulated world size of 64
     membench planner-check --count 10 --emulated 0 --seed 1
+    membench planner-check --measured            # and torchrec's model with a measured reservation
 
 For each workload the capacity per rank is drawn around what the workload needs (bench/harness/
 planner_comparison.py says how); each memory model plans at it (torchrec's EmbeddingShardingPlanner, its
@@ -10,7 +11,10 @@ perf model unchanged) and each plan it does not refuse runs with `membench run` 
 allocation past the capacity is a real OOM; with --emulated, the rank predicted highest of an N-rank job,
 emulated in one process). Prints, per memory model, the plans that OOM, the plans refused although the other
 model's plan ran at that capacity, and the capacity left unused at the highest rank; writes every workload
-and the table to <results dir>/planners-<time>/planner_comparison.json. About 15 s per workload on 2 cores.
+and the table to <results dir>/planners-<time>/planner_comparison.json (`membench report` on that directory
+draws it). With --measured, a third arm: torchrec's own model with the storage reservation `membench
+reservation` writes from a run of the workload at its own capacity (docs/torchrec-planner.md, "Measured
+terms"). About 15 s per workload on 2 cores (25 s with --measured).
 """
 from __future__ import annotations
 
@@ -35,6 +39,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--emulated", type=int, default=3, metavar="N",
                         help="of those workloads, the first N again at --world-size ranks, emulated (default 3)")
     parser.add_argument("--world-size", type=int, default=64, help="the emulated world size (default 64)")
+    parser.add_argument("--measured", action="store_true",
+                        help="also plan with torchrec's model and a reservation measured at the workload's own "
+                             "capacity")
     parser.add_argument("--results-dir", type=Path, default=Path("results/runs"))
     return parser
 
@@ -50,15 +57,12 @@ def check_args(args) -> Optional[str]:
 
 
 def print_table(summary: dict, console) -> None:
-    from bench.planning.types import MEMORY_MODELS
-
     for label, per_model in summary.items():
         table = Table(title=f"torchrec's planner, {label} ranks: memory model vs what ran", title_justify="left")
         for column in ("memory model", "workloads", "ran ok", "OOM", "failed", "refused", "refused, a plan fits",
                        "unused at highest rank (median)", "(mean)"):
             table.add_column(column, justify="left" if column == "memory model" else "right")
-        for model in MEMORY_MODELS:
-            row = per_model[model]
+        for model, row in per_model.items():
             table.add_row(model, *(str(row[k]) for k in ("workloads", "ok", "oom", "failed", "refused",
                                                     "refused_although_fits")),
                           *("-" if row[k] is None else f"{100 * row[k]:.1f} %" for k in ("unused_median", "unused_mean")))
@@ -83,7 +87,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for number, (index, overrides, world_size) in enumerate(jobs, 1):
         at = f" at {world_size} emulated ranks" if world_size else ""
         print(f"[planner-check] {number}/{len(jobs)}: workload {index}{at}: {' '.join(overrides[2:])}", flush=True)
-        comparison = compare_workload(index, overrides, args.seed, out_dir, world_size)
+        comparison = compare_workload(index, overrides, args.seed, out_dir, world_size, args.measured)
         comparisons.append(comparison)
         print("[planner-check]   " + ", ".join(f"{m}: {o.verdict}" for m, o in comparison.outcomes.items())
               + f" ({comparison.wall_s:.0f} s)", flush=True)

@@ -24,6 +24,8 @@ from workloads.units import GIB
 CAPACITY_FACTORS = (0.9, 1.5)  # the capacity drawn in [low, high] x the reference peak
 REFUSED, OK = "refused", "ok"
 RESULT_FILE = "planner_comparison.json"
+# --measured: torchrec's own model with the reservation a run of the workload at its own capacity measured
+MEASURED = "torchrec+measured"
 
 
 @dataclass
@@ -90,11 +92,18 @@ def reference_bytes(overrides: List[str]) -> int:
     return max(estimate["per_rank_peak"])
 
 
+def model_overrides(model: str, reservation_file: Optional[Path]) -> List[str]:
+    if model == MEASURED:
+        return ["plan.memory_model=torchrec", f"plan.reservation_file={reservation_file}"]
+    return [f"plan.memory_model={model}"]
+
+
 def run_model(overrides: List[str], model: str, capacity_bytes: int, ranks_per_node: int, run_dir: Path,
-              run_id: str) -> ModelOutcome:
+              run_id: str, reservation_file: Optional[Path] = None) -> ModelOutcome:
     from bench.run.execute import run_overrides
 
-    overrides = overrides + capacity_overrides(capacity_bytes, ranks_per_node) + [f"plan.memory_model={model}"]
+    overrides = (overrides + capacity_overrides(capacity_bytes, ranks_per_node)
+                 + model_overrides(model, reservation_file))
     estimate, error = planned(overrides)
     if estimate is None:
         return ModelOutcome(model, REFUSED, error=error)
@@ -109,8 +118,20 @@ def run_model(overrides: List[str], model: str, capacity_bytes: int, ranks_per_n
     return outcome
 
 
+def measured_reservation(overrides: List[str], run_dir: Path, run_id: str) -> Path:
+    """The reservation file of a run of torchrec's default plan at the workload's own capacity (what a user
+    measured before planning tighter); RuntimeError when that run did not finish."""
+    from bench.planning.measured_terms import RESERVATION_FILE, terms_of_run
+    from bench.run.execute import run_overrides
+
+    summary = run_overrides(overrides + ["plan.memory_model=torchrec"], run_dir, run_id)
+    if summary.status != OK:
+        raise RuntimeError(f"the measuring run at the workload's own capacity ended {summary.status}")
+    return terms_of_run(run_dir).write(run_dir / RESERVATION_FILE)
+
+
 def compare_workload(index: int, overrides: List[str], seed: int, out_dir: Path,
-                     emulated_world_size: Optional[int] = None) -> WorkloadComparison:
+                     emulated_world_size: Optional[int] = None, measured: bool = False) -> WorkloadComparison:
     started = time.perf_counter()
     if emulated_world_size:
         overrides = overrides + [f"emulate.world_size={emulated_world_size}"]
@@ -125,8 +146,20 @@ def compare_workload(index: int, overrides: List[str], seed: int, out_dir: Path,
     for model in MEMORY_MODELS:
         comparison.outcomes[model] = run_model(overrides, model, capacity, launch.ranks_per_node,
                                                out_dir / f"{name}-{model}", f"{out_dir.name}/{name}-{model}")
+    if measured:
+        comparison.outcomes[MEASURED] = measured_outcome(overrides, capacity, launch.ranks_per_node, out_dir, name)
     comparison.wall_s = round(time.perf_counter() - started, 2)
     return comparison
+
+
+def measured_outcome(overrides: List[str], capacity: int, ranks_per_node: int, out_dir: Path,
+                     name: str) -> ModelOutcome:
+    try:
+        reservation = measured_reservation(overrides, out_dir / f"{name}-measuring", f"{out_dir.name}/{name}-measuring")
+    except RuntimeError as err:
+        return ModelOutcome(MEASURED, "failed", error=str(err))
+    return run_model(overrides, MEASURED, capacity, ranks_per_node, out_dir / f"{name}-measured",
+                     f"{out_dir.name}/{name}-measured", reservation_file=reservation)
 
 
 def model_summary(comparisons: List[WorkloadComparison], model: str) -> dict:
@@ -148,18 +181,24 @@ def model_summary(comparisons: List[WorkloadComparison], model: str) -> dict:
     }
 
 
+def models_of(comparisons: List[WorkloadComparison]) -> List[str]:
+    """The memory models compared, torchrec's default first (MEMORY_MODELS, then the measured arm if run)."""
+    found = {name for c in comparisons for name in c.outcomes}
+    return [m for m in (*MEMORY_MODELS, MEASURED) if m in found]
+
+
 def summarize(comparisons: List[WorkloadComparison]) -> Dict[str, dict]:
     """The table, per memory model, for the CPU runs and the emulated ones apart."""
     out = {}
     for label, emulated in (("cpu", False), ("emulated", True)):
         chosen = [c for c in comparisons if c.emulated == emulated]
         if chosen:
-            out[label] = {model: model_summary(chosen, model) for model in MEMORY_MODELS}
+            out[label] = {model: model_summary(chosen, model) for model in models_of(chosen)}
     return out
 
 
 def to_json(seed: int, comparisons: List[WorkloadComparison]) -> dict:
-    return {"seed": seed, "capacity_factors": list(CAPACITY_FACTORS), "memory_models": list(MEMORY_MODELS),
+    return {"seed": seed, "capacity_factors": list(CAPACITY_FACTORS), "memory_models": models_of(comparisons),
             "summary": summarize(comparisons), "workloads": [asdict(c) for c in comparisons]}
 
 

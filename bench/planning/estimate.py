@@ -23,13 +23,16 @@ from bench.planning.types import DATA_PARALLEL, PooledGroup, RankPrediction, Ran
 from bench.results.schema import IN_FLIGHT, has_cuda_allocator
 from workloads.spec import WorkloadSpec
 from workloads.storage import optimizer_state_bytes
+from workloads.uvm_cache import FUSED, effective_caching_ratio, shard_tiers
 
 # the calibrated correction's features: features_for_rank's keys, each a calibration's coefficient
 FEATURES = ("const", "pooled_received", "pooled_sent", "ids_input", "ids_received", "data_parallel_tables")
 
 
-def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int) -> List[RankShare]:
-    """Per-rank embedding storage from `torchrec_adapter.describe_plan` rows (torchrec's ShardingPlan)."""
+def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int,
+                     caching_ratio: Optional[float] = None) -> List[RankShare]:
+    """Per-rank embedding storage from `torchrec_adapter.describe_plan` rows (torchrec's ShardingPlan): each
+    shard where its compute kernel keeps it (UVM-cached shards with a cache of `caching_ratio`)."""
     tables = {t.name: t for t in spec.tables}
     shares = [RankShare() for _ in range(world_size)]
     for row in plan_rows:
@@ -40,7 +43,8 @@ def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int)
             continue
         for shard in row["shards"]:
             rows, cols = shard["sizes"]
-            add_sharded_table(shares[shard["rank"]], table, rows, cols, spec.config.embedding_optimizer)
+            add_sharded_table(shares[shard["rank"]], table, rows, cols, spec.config.embedding_optimizer,
+                              row.get("compute_kernel", FUSED), caching_ratio)
     for share, groups in zip(shares, pooled_groups(plan_rows, spec, world_size)):
         share.pooled_groups = groups
     return shares
@@ -51,7 +55,8 @@ def plan_rows_from_placement(placement) -> List[dict]:
     none for a data-parallel table, which every rank holds whole), for `shares_from_plan`."""
     rows: Dict[str, dict] = {}
     for shard in placement.shards:
-        row = rows.setdefault(shard.table, {"table": shard.table, "sharding_type": shard.sharding_type, "shards": []})
+        row = rows.setdefault(shard.table, {"table": shard.table, "sharding_type": shard.sharding_type,
+                                            "compute_kernel": shard.compute_kernel, "shards": []})
         if shard.sharding_type != DATA_PARALLEL:
             row["shards"].append({"rank": shard.rank, "sizes": [shard.rows, shard.dim]})
     return list(rows.values())
@@ -69,10 +74,18 @@ def add_replicated_table(share: RankShare, table, dense_optimizer: str) -> None:
     share.optimizer_bytes += optimizer_state_bytes(dense_optimizer, table.physical_rows, table.embedding_dim)
 
 
-def add_sharded_table(share: RankShare, table, rows: int, cols: int, embedding_optimizer: str) -> None:
-    """A `rows` x `cols` shard of `table` on the rank (fused optimizer): it serves every rank's batch."""
-    share.weight_bytes += rows * cols * table.bytes_per_element
-    share.optimizer_bytes += optimizer_state_bytes(embedding_optimizer, rows, cols)
+def add_sharded_table(share: RankShare, table, rows: int, cols: int, embedding_optimizer: str,
+                      compute_kernel: str = FUSED, caching_ratio: Optional[float] = None) -> None:
+    """A `rows` x `cols` shard of `table` on the rank (fused optimizer), where `compute_kernel` keeps it
+    (workloads/uvm_cache.py): it serves every rank's batch."""
+    tiers = shard_tiers(compute_kernel, rows, cols, table.bytes_per_element,
+                        rows * cols * table.bytes_per_element, optimizer_state_bytes(embedding_optimizer, rows, cols),
+                        effective_caching_ratio(caching_ratio))
+    share.weight_bytes += tiers.hbm_weight_bytes
+    share.optimizer_bytes += tiers.hbm_optimizer_bytes
+    share.cache_bytes += tiers.cache_bytes
+    share.cache_state_bytes += tiers.cache_state_bytes
+    share.host_bytes += tiers.host_bytes
     share.sent_dims += cols
     share.sent_pooling += table.pooling_mean
     share.sent_features += 1
@@ -138,6 +151,8 @@ def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[
         breakdown = {
             "embedding_weights": share.weight_bytes,
             "embedding_optimizer": share.optimizer_bytes,
+            "embedding_cache": share.cache_bytes,
+            "embedding_cache_state": share.cache_state_bytes,
             "embedding_grads": share.grad_bytes,
             "dense_params": run.params_bytes,
             "dense_grads": run.grads_bytes,  # DDP keeps persistent fp32 gradient buckets
@@ -146,11 +161,12 @@ def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[
             IN_FLIGHT: run.in_flight_bytes,
         }
         if run.allocations is not None:
-            tables = (share.weight_bytes, share.optimizer_bytes, share.grad_bytes)
+            tables = (share.weight_bytes, share.optimizer_bytes, share.grad_bytes,
+                      *(b for b in (share.cache_bytes, share.cache_state_bytes) if b))  # the cache: allocator-held
             if (key, tables) not in overheads:  # ranks alike replay once: a plan may have thousands
                 overheads[key, tables] = allocator_overhead(run.allocations, tables, allocator_settings)
             breakdown["allocator_overhead"] = overheads[key, tables]
-        predictions.append(RankPrediction(rank, sum(breakdown.values()), breakdown, features))
+        predictions.append(RankPrediction(rank, sum(breakdown.values()), breakdown, features, share.host_bytes))
     return predictions
 
 

@@ -32,7 +32,7 @@ def predict_run(cfg, launch, calibration_dir: Path = CALIBRATION_DIR) -> Dict[st
                                            launch.device_type, launch.capacity_bytes, model)
         dry_run = dry_run_for(cfg, spec)
     calibration = load_calibration(calibration_dir, calibration_key(launch.device_type, cfg.hardware.name))
-    shares = shares_from_plan(describe_plan(plan), spec, launch.world_size)
+    shares = shares_from_plan(describe_plan(plan), spec, launch.world_size, cfg.sharding.caching_ratio)
     torchrec_parts = torchrec_estimate_parts(capture, launch.world_size)
     settings = allocator_settings_for(cfg.allocator, launch.device_type)
     predictions = [add_device_overheads(p, launch.device_type, cfg.hardware.non_torch_reserve_mib * MIB)

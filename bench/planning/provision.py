@@ -8,6 +8,7 @@ config it is given.
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -18,7 +19,9 @@ from bench.planning.dry_run import DryRunModel, dry_run_for
 from bench.planning.estimate import (add_device_overheads, plan_rows_from_placement, predict, shares_from_placement,
                                      shares_from_plan)
 from bench.planning.greedy import place_greedy
-from bench.planning.torchrec_adapter import memory_model_for, place_torchrec, planner_memory
+from bench.planning.planner_memory import memory_model_for, planner_memory
+from bench.planning.torchrec_adapter import place_torchrec
+from bench.planning.measured_terms import check_reservation_file
 from bench.planning.types import Placement, PlacementError, PlanTarget, RankPrediction, validate_memory_model
 from bench.results.schema import JobStats, RankResult, Status, complete_breakdown
 from workloads.spec import WorkloadSpec, build_spec
@@ -28,14 +31,19 @@ from workloads.validate import ConfigError
 PLANNERS = ("membench", "torchrec")
 
 
-def validate_plan_config(plan) -> None:
-    """The `plan.*` settings (planner, shard fraction, headroom): ConfigError for the first bad one."""
+def validate_plan_config(plan, device_type: str) -> None:
+    """The `plan.*` settings (planner, memory model, measured reservation, shard fraction, headroom) for ranks
+    of `device_type`: ConfigError for the first bad one."""
     if plan.planner not in PLANNERS:
         raise ConfigError("plan.planner", plan.planner, "use membench or torchrec")
     validate_memory_model(plan.memory_model)
     if plan.memory_model == "membench" and plan.planner != "torchrec":
         raise ConfigError("plan.memory_model", plan.memory_model,
                           "membench's memory model is for torchrec's planner: add plan.planner=torchrec")
+    if plan.reservation_file is not None and plan.planner != "torchrec":
+        raise ConfigError("plan.reservation_file", plan.reservation_file,
+                          "a measured reservation is for torchrec's planner: add plan.planner=torchrec")
+    check_reservation_file(plan, device_type)
     if not 0 < plan.max_shard_fraction <= 1:
         raise ConfigError("plan.max_shard_fraction", plan.max_shard_fraction, "use a fraction in (0, 1]")
     if not 0 <= plan.headroom < 1:
@@ -52,7 +60,8 @@ def place(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int, memory=N
             memory = memory_model_for(cfg, spec, target.device_type)
         return place_torchrec(spec, world_size, hbm_cap or target.capacity_bytes,
                               local_world_size=target.ranks_per_node, ddr_cap_bytes=ddr_cap,
-                              compute_device=compute_device, memory=memory)
+                              compute_device=compute_device, memory=memory,
+                              compute_kernel=cfg.sharding.compute_kernel, caching_ratio=cfg.sharding.caching_ratio)
     return place_greedy(spec, world_size, target.capacity_bytes, allow_row_wise=target.device_type == "cuda",
                         max_shard_fraction=cfg.plan.max_shard_fraction)
 
@@ -60,7 +69,8 @@ def place(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int, memory=N
 def predict_ranks(cfg, spec: WorkloadSpec, target: PlanTarget, placement: Placement, dry_run: DryRunModel):
     """Every rank's prediction; a torchrec plan's shares as `membench run` predicts that plan before launch."""
     calibration = load_calibration(CALIBRATION_DIR, calibration_key(target.device_type, cfg.hardware.name))
-    shares = (shares_from_plan(plan_rows_from_placement(placement), spec, placement.world_size)
+    shares = (shares_from_plan(plan_rows_from_placement(placement), spec, placement.world_size,
+                               cfg.sharding.caching_ratio)
               if placement.planner == "torchrec" else shares_from_placement(placement, spec))
     predictions = predict(spec, shares, calibration.coefficients, dry_run,
                           allocator_settings=allocator_settings_for(cfg.allocator, target.device_type))
@@ -92,36 +102,68 @@ def _rank_results(predictions: List[RankPrediction], target: PlanTarget) -> List
             for p in predictions]
 
 
+def planner_memory_model(cfg, placement: Optional[Placement]) -> Optional[str]:
+    """The memory model torchrec's planner planned with (its placement says; the config before it placed)."""
+    if cfg.plan.planner != "torchrec":
+        return None
+    return (placement.info.get("memory_model") if placement else None) or cfg.plan.memory_model
+
+
 def planner_per_rank_bytes(placement: Optional[Placement]) -> Optional[List[int]]:
-    """torchrec's planner's own per-rank figure under membench's model (its reservation + the storage it
-    estimated for the rank's shards), None for other placements."""
+    """torchrec's planner's own per-rank figure with an absolute reservation (membench's model, or a measured
+    one: the reservation + the storage it estimated for the rank's shards), None for other placements."""
     reserved = placement.info.get("reserved_bytes") if placement else None
     if reserved is None:
         return None
     return [reserved + hbm + ddr for hbm, ddr in zip(placement.per_rank_hbm_bytes, placement.per_rank_ddr_bytes)]
 
 
+def host_memory(cfg, target: PlanTarget, predictions: List[RankPrediction]) -> dict:
+    """UVM tables in host memory: per node, the bytes its ranks keep there, against hardware.host_memory_gib."""
+    per_node = [0] * max(1, math.ceil(len(predictions) / target.ranks_per_node))
+    for p in predictions:
+        per_node[p.rank // target.ranks_per_node] += p.host_bytes
+    return {"per_node_host_bytes": per_node, "host_capacity_bytes": int(cfg.hardware.host_memory_gib * GIB)}
+
+
+def host_memory_error(host: dict) -> Optional[str]:
+    worst = max(range(len(host["per_node_host_bytes"])), key=host["per_node_host_bytes"].__getitem__)
+    need, have = host["per_node_host_bytes"][worst], host["host_capacity_bytes"]
+    if need <= have:
+        return None
+    return (f"does not fit: node {worst} needs {need / GIB:.2f} GiB of host memory for its UVM tables, of "
+            f"{have / GIB:.2f} GiB (hardware.host_memory_gib; short by {(need - have) / GIB:.2f} GiB)")
+
+
 def judge_plan(cfg, target: PlanTarget, predictions: List[RankPrediction], placement: Optional[Placement],
-               calibration: Optional[Calibration], error: Optional[str] = None) -> PlanOutcome:
+               calibration: Optional[Calibration], error: Optional[str] = None,
+               binding: Optional[str] = None) -> PlanOutcome:
+    """The verdict on a plan: every rank's HBM and every node's host memory (UVM tables) against capacity;
+    `error` (and `binding`, the memory that ran out) from a placement that failed."""
     ranks = _rank_results(predictions, target)
-    fits = error is None and all(r.status == Status.OK for r in ranks)
+    host = host_memory(cfg, target, predictions)
+    hbm_fits = all(r.status == Status.OK for r in ranks)
+    host_error = host_memory_error(host) if predictions else None
+    fits = error is None and hbm_fits and host_error is None
     worst = max(ranks, key=lambda r: r.peak_bytes, default=None)
     utils = [r.utilization for r in ranks]
     peaks = [r.peak_bytes for r in ranks]
     job = JobStats(utilization_min=min(utils, default=0.0), utilization_mean=statistics.fmean(utils) if utils else 0.0,
                    utilization_max=max(utils, default=0.0),
                    imbalance=max(peaks) / statistics.fmean(peaks) if peaks and statistics.fmean(peaks) else 0.0)
-    if error is None and not fits:
+    if error is None and not hbm_fits:
         error = (f"does not fit: rank {worst.rank} needs {worst.peak_bytes / GIB:.2f} GiB of "
                  f"{target.capacity_bytes / GIB:.2f} GiB (short by {-worst.headroom_bytes / GIB:.2f} GiB)")
+    error = error or host_error
     estimate = {"verdict": "fits" if fits else "oom", "worst_rank": worst.rank if worst else None,
                 "planner": cfg.plan.planner,
-                "memory_model": cfg.plan.memory_model if cfg.plan.planner == "torchrec" else None,
+                "memory_model": planner_memory_model(cfg, placement),
                 "planner_per_rank_bytes": planner_per_rank_bytes(placement),
                 "plan_time_s": round(placement.plan_time_s, 3) if placement else None,
                 "calibration": calibration.source if calibration else None,
                 "virtual_table_bytes": build_spec(cfg.workload).virtual_bytes,
-                "placement": placement.to_dict() if placement else None}
+                "placement": placement.to_dict() if placement else None,
+                **host, "binding": None if fits else (binding or ("host" if hbm_fits and host_error else "hbm"))}
     return PlanOutcome(status=Status.OK if fits else Status.OOM, error=error, per_rank=ranks, job=job,
                        estimate=estimate)
 
@@ -131,7 +173,7 @@ def plan(cfg, spec: WorkloadSpec, target: PlanTarget) -> PlanOutcome:
     try:
         placement = place(cfg, spec, target, target.world_size)
     except PlacementError as err:
-        return judge_plan(cfg, target, [], None, None, error=str(err))
+        return judge_plan(cfg, target, [], None, None, error=str(err), binding=err.binding)
     predictions, calibration = predict_ranks(cfg, spec, target, placement, dry_run_for(cfg, spec))
     return judge_plan(cfg, target, predictions, placement, calibration)
 
@@ -143,13 +185,17 @@ def evaluate(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int, dry_r
         placement = place(cfg, spec, target, world_size, memory)
     except PlacementError as err:
         return {"world_size": world_size, "fits": False, "max_rank_bytes": None, "shortfall_bytes": err.shortfall_bytes,
-                "reason": str(err)}
+                "reason": str(err), "binding": err.binding}
     predictions, _ = predict_ranks(cfg, spec, target, placement, dry_run)
     worst = max(p.total_bytes for p in predictions)
     mean = statistics.fmean(p.total_bytes for p in predictions)
-    return {"world_size": world_size, "fits": worst <= budget, "max_rank_bytes": worst,
+    host = host_memory(cfg, target, predictions)
+    host_error = host_memory_error(host)
+    return {"world_size": world_size, "fits": worst <= budget and host_error is None, "max_rank_bytes": worst,
             "utilization_max": worst / target.capacity_bytes, "utilization_mean": mean / target.capacity_bytes,
-            "shortfall_bytes": max(0, worst - budget), "reason": None}
+            "shortfall_bytes": max(0, worst - budget), "reason": host_error,
+            "max_node_host_bytes": max(host["per_node_host_bytes"]),
+            "binding": None if worst <= budget and host_error is None else ("hbm" if worst > budget else "host")}
 
 
 def _say(line: str) -> None:

@@ -8,7 +8,8 @@ own per-rank estimate needs them and exposes no public accessor) and the numbers
 INSUFFICIENT_STORAGE message (`_planner_error_storage`: torchrec's `PlannerError` carries its type but
 not the bytes). Planner failures come back as a typed `PlacementError`. The sharded model at run time has
 its own adapter (bench/run/torchrec_modules.py); membench's memory model as the planner's estimator and
-storage reservation is bench/planning/torchrec_memory_model.py.
+storage reservation is bench/planning/torchrec_memory_model.py; what the planner plans a rank with (its
+capacity per tier, its memory model) is bench/planning/planner_memory.py.
 
 torchrec is imported inside the functions, so importing this module never loads torchrec (the native
 backend must run without it). No GPU or process group is needed to plan, even for
@@ -25,8 +26,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from bench.planning.planner_memory import memory_model_for, memory_model_name, planner_memory
 from bench.planning.types import DATA_PARALLEL, Placement, PlacementError, Shard, capacity_error
-from bench.results.schema import DEVICE_CUDA, DEVICE_CUDA_SIMULATED, kernel_device
 from workloads.spec import WorkloadSpec
 from workloads.storage import table_storage
 from workloads.units import GIB
@@ -81,8 +82,12 @@ def quiet_planner():
 
 # -- planner inputs ----------------------------------------------------------------------------------
 def parameter_constraints(spec: WorkloadSpec, sharding_type: str, per_table: Dict[str, str], compute_kernel: str,
-                          column_shard_dim: Optional[int] = None) -> Dict[str, "ParameterConstraints"]:
+                          column_shard_dim: Optional[int] = None,
+                          caching_ratio: Optional[float] = None) -> Dict[str, "ParameterConstraints"]:
+    """Per table: the sharding types and kernels allowed, its pooling, and (sharding.caching_ratio) the cache
+    load factor of a UVM-cached table (None: torchrec's default)."""
     from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import CacheParams
 
     constraints = {}
     for table in spec.tables:
@@ -97,6 +102,7 @@ def parameter_constraints(spec: WorkloadSpec, sharding_type: str, per_table: Dic
             compute_kernels=kernels,
             pooling_factors=[table.pooling_mean],
             min_partition=column_shard_dim,
+            cache_params=None if caching_ratio is None else CacheParams(load_factor=float(caching_ratio)),
         )
     return constraints
 
@@ -149,14 +155,15 @@ class PlanCapture:
 
 
 def make_planner(spec: WorkloadSpec, topology, sharding_type: str, per_table: Dict[str, str], compute_kernel: str,
-                 timeout_seconds: Optional[int] = None, column_shard_dim: Optional[int] = None, memory=None):
+                 timeout_seconds: Optional[int] = None, column_shard_dim: Optional[int] = None, memory=None,
+                 caching_ratio: Optional[float] = None):
     """(planner, capture): torchrec's planner, its chosen plan recorded in `capture`; with its default memory
     model, or with `memory` (a `torchrec_memory_model.MembenchMemoryModel`) as its storage estimator and
     storage reservation."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
     capture = PlanCapture()
-    constraints = parameter_constraints(spec, sharding_type, per_table, compute_kernel, column_shard_dim)
+    constraints = parameter_constraints(spec, sharding_type, per_table, compute_kernel, column_shard_dim, caching_ratio)
     memory_kwargs = {} if memory is None else memory.planner_kwargs(topology, spec.config.batch_size, constraints)
     planner = EmbeddingShardingPlanner(
         topology=topology,
@@ -190,33 +197,6 @@ def describe_plan(plan) -> List[dict]:
     return sorted(rows, key=lambda row: row["table"])
 
 
-def host_memory_per_rank(cfg, ranks_per_node: int) -> int:
-    """torchrec's `ddr_cap` is per rank (planner/types.py: "ddr_cap_bytes ... per rank"); hardware.host_memory_gib
-    is a node's: its share per rank (passed whole, a node of 8 ranks planned UVM with 8x its host memory)."""
-    return int(cfg.hardware.host_memory_gib * GIB) // max(1, ranks_per_node)
-
-
-def planner_memory(cfg, device_type: str, capacity_bytes: int, ranks_per_node: int) -> Tuple[str, Optional[int], int]:
-    """(compute_device, hbm_cap, ddr_cap) torchrec's planner plans a rank of `device_type` with: a GPU's HBM and
-    its node's host memory per rank (N10); a CPU rank its node's host memory per rank (DDR); a simulated GPU,
-    which trains with CPU kernels, in DDR with the GPU's memory."""
-    compute_device = kernel_device(device_type)
-    if compute_device == DEVICE_CUDA:
-        return compute_device, capacity_bytes, host_memory_per_rank(cfg, ranks_per_node)
-    ddr_cap = capacity_bytes if device_type == DEVICE_CUDA_SIMULATED else host_memory_per_rank(cfg, ranks_per_node)
-    return compute_device, None, ddr_cap
-
-
-def memory_model_for(cfg, spec: WorkloadSpec, device_type: str):
-    """membench's memory model for torchrec's planner when plan.memory_model=membench, else None (torchrec's
-    default estimator and heuristic storage reservation)."""
-    if cfg.plan.memory_model != "membench":
-        return None
-    from bench.planning.torchrec_memory_model import MembenchMemoryModel
-
-    return MembenchMemoryModel.from_config(cfg, spec, device_type)
-
-
 def make_sharding_plan(cfg, spec: WorkloadSpec, world_size: int, ranks_per_node: int, device_type: str,
                        capacity_bytes: int, model, process_group=None):
     """torchrec's plan for `model` (tables on meta) on this topology: (ShardingPlan, PlanCapture).
@@ -232,7 +212,8 @@ def make_sharding_plan(cfg, spec: WorkloadSpec, world_size: int, ranks_per_node:
                              ddr_cap_bytes=ddr_cap, local_world_size=ranks_per_node)
     planner, capture = make_planner(spec, topology, cfg.sharding.type, dict(cfg.sharding.per_table),
                                     cfg.sharding.compute_kernel, column_shard_dim=cfg.sharding.column_shard_dim,
-                                    memory=memory_model_for(cfg, spec, device_type))
+                                    memory=memory_model_for(cfg, spec, device_type),
+                                    caching_ratio=cfg.sharding.caching_ratio)
     sharders = get_default_sharders()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -280,8 +261,9 @@ def torchrec_optimizer_multiplier(embedding_optimizer: str, dim: int) -> float:
 _STORAGE_RE = re.compile(r"Storage\(hbm = ([\d.]+) GB, ddr = ([\d.]+) GB\)")
 
 
-def _planner_error_storage(message: str) -> Optional[Tuple[int, int, int]]:
-    """(shortfall, required, available) bytes from torchrec's INSUFFICIENT_STORAGE message: its "Global
+def _planner_error_storage(message: str) -> Optional[Tuple[int, int, int, str]]:
+    """(shortfall, required, available bytes, the tier short: "hbm" or "host" for DDR alone) from torchrec's
+    INSUFFICIENT_STORAGE message: its "Global
     storage requirement for model parallel" vs "Global storage available for model parallel" (after
     its storage reservation), each ``Storage(hbm = X GB, ddr = Y GB)`` with GB meaning GiB, summed
     over the tiers that are short. None when the message does not have them."""
@@ -292,7 +274,8 @@ def _planner_error_storage(message: str) -> Optional[Tuple[int, int, int]]:
     short = [i for i in (1, 2) if float(required.group(i)) > float(available.group(i))]
     need = sum(float(required.group(i)) for i in short)
     have = sum(float(available.group(i)) for i in short)
-    return int(round((need - have) * GIB)), int(round(need * GIB)), int(round(have * GIB))
+    tier = "host" if short == [2] else "hbm"
+    return int(round((need - have) * GIB)), int(round(need * GIB)), int(round(have * GIB)), tier
 
 
 def _placement_error(error, spec: WorkloadSpec, world_size: int, capacity_bytes: int) -> PlacementError:
@@ -306,9 +289,10 @@ def _placement_error(error, spec: WorkloadSpec, world_size: int, capacity_bytes:
         if parsed is None:
             return capacity_error(total, world_size, capacity_bytes, max(0, total - world_size * capacity_bytes),
                                   detail="; torchrec's planner: insufficient storage")
-        shortfall, need, have = parsed
+        shortfall, need, have, tier = parsed
+        where = " of host memory (torchrec's DDR: UVM tables)" if tier == "host" else ""
         return capacity_error(total, world_size, capacity_bytes, shortfall, need_bytes=need, have_bytes=have,
-                              detail=" after torchrec's storage reservation, by its estimate")
+                              detail=f"{where} after torchrec's storage reservation, by its estimate", binding=tier)
     first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
     return PlacementError(f"torchrec's planner found no plan for {world_size} ranks: {first}")
 
@@ -339,14 +323,15 @@ def _placement_from_capture(spec: WorkloadSpec, capture: PlanCapture, world_size
 
 def place_torchrec(spec: WorkloadSpec, world_size: int, capacity_bytes: int, *, local_world_size: int = 8,
                    ddr_cap_bytes: int = 2 * 1024**4, compute_device: str = "cuda",
-                   timeout_seconds: Optional[int] = None, memory=None) -> Placement:
+                   timeout_seconds: Optional[int] = None, memory=None, compute_kernel: str = "auto",
+                   caching_ratio: Optional[float] = None) -> Placement:
     """torchrec's default ``EmbeddingShardingPlanner`` for `spec` on `world_size` ranks, as a `Placement`.
 
     The model is ``workloads.model.build_model(spec, meta)`` (embedding optimizer attached in backward, so
     the estimator counts its state), the topology `make_topology` (HBM `capacity_bytes` and DDR
     `ddr_cap_bytes` per rank, `local_world_size` ranks per node), the sharders ``get_default_sharders()``,
-    and the constraints `parameter_constraints` with everything on auto (torchrec's defaults, with the
-    workload's pooling factors). Without `memory`, torchrec keeps its default storage reservation (15% of HBM
+    and the constraints `parameter_constraints` with the sharding types on auto (torchrec's defaults, with the
+    workload's pooling factors), the kernel `compute_kernel` and the cache load factor `caching_ratio`. Without `memory`, torchrec keeps its default storage reservation (15% of HBM
     plus dense/KJT estimates), so it plans against less than `capacity_bytes` per rank; with `memory` (a
     `torchrec_memory_model.MembenchMemoryModel`) it plans with membench's model instead. It optimizes its perf
     model, not memory, and takes minutes at terabyte scale. ``timeout_seconds`` bounds its proposal loop
@@ -373,14 +358,14 @@ def place_torchrec(spec: WorkloadSpec, world_size: int, capacity_bytes: int, *, 
     with quiet_planner():
         topology = make_topology(world_size, compute_device, hbm_cap_bytes=capacity_bytes,
                                  ddr_cap_bytes=ddr_cap_bytes, local_world_size=local_world_size)
-        planner, capture = make_planner(spec, topology, "auto", {}, "auto", timeout_seconds=timeout_seconds,
-                                        memory=memory)
+        planner, capture = make_planner(spec, topology, "auto", {}, compute_kernel, timeout_seconds=timeout_seconds,
+                                        memory=memory, caching_ratio=caching_ratio)
         try:
             planner.plan(model, get_default_sharders())
         except PlannerError as error:
             raise _placement_error(error, spec, world_size, capacity_bytes) from error
     info = {"model_build_s": model_build_s, "timeout_seconds": timeout_seconds,
-            "memory_model": "torchrec" if memory is None else "membench",
+            "memory_model": memory_model_name(memory),
             # membench's model: the planner's reservation per rank (its figure: this + the rank's shards)
             "reserved_bytes": getattr(capture.storage_reservation, "reserved_bytes", None),
             "capacity_bytes": int(capacity_bytes), "local_world_size": local_world_size,

@@ -50,6 +50,7 @@ HBM_DEVICES = ("cuda", "mtia")
 @dataclass
 class MembenchMemoryModel:
     """membench's per-rank prediction for one workload on one device type, as torchrec's planner asks it."""
+    MODEL_NAME = "membench"  # (a class attribute: no dataclass field)
     spec: WorkloadSpec
     dry_run: DryRunModel
     coefficients: Dict[str, float] = field(default_factory=dict)
@@ -59,6 +60,7 @@ class MembenchMemoryModel:
     # the half-width of the interval given beside membench's predictions (calibration, torchrec backend): the
     # planner plans each rank at the interval's upper end, what the measured peak may be
     interval_pct: float = 0.0
+    caching_ratio: Optional[float] = None  # sharding.caching_ratio: the HBM cache of UVM-cached shards
     _cache: Dict[tuple, int] = field(default_factory=dict, repr=False)
     _reservation: Optional["MembenchStorageReservation"] = field(default=None, repr=False)
 
@@ -77,7 +79,7 @@ class MembenchMemoryModel:
         calibration = load_calibration(CALIBRATION_DIR, calibration_key(device_type, cfg.hardware.name))
         return cls(spec, dry_run_for(cfg, spec), calibration.coefficients, device_type,
                    allocator_settings_for(cfg.allocator, device_type), cfg.hardware.non_torch_reserve_mib * MIB,
-                   calibration.interval_pct.get("torchrec", 0.0))
+                   calibration.interval_pct.get("torchrec", 0.0), cfg.sharding.caching_ratio)
 
     # -- the two halves of a rank's prediction ---------------------------------------------------------
     def predicted_bytes(self, share: RankShare, world_size: int) -> int:
@@ -139,9 +141,10 @@ class MembenchMemoryModel:
     def plan_bytes(self, options: List[ShardingOption], world_size: int) -> List[int]:
         """Each rank's planned bytes (the interval's upper end) for a placement: every rank whole, one dry run
         per distinct rank, as `membench run` predicts that plan."""
-        rows = [{"table": o.name, "sharding_type": o.sharding_type,
+        rows = [{"table": o.name, "sharding_type": o.sharding_type, "compute_kernel": o.compute_kernel,
                  "shards": [{"rank": s.rank, "sizes": list(s.size)} for s in o.shards]} for o in options]
-        return [self.rank_bytes(share, world_size) for share in shares_from_plan(rows, self.spec, world_size)]
+        return [self.rank_bytes(share, world_size) for share in shares_from_plan(rows, self.spec, world_size,
+                                                                                        self.caching_ratio)]
 
     def check_batch_size(self, batch_size: int) -> None:
         if batch_size != self.spec.config.batch_size:
@@ -197,21 +200,23 @@ class MembenchShardEstimator(ShardEstimator):
                 shard.storage = device_storage(self._topology, added)
 
 
-class MembenchStorageReservation(StorageReservation):
-    """Every rank's storage less membench's prediction for a rank that holds no shard."""
+class AbsoluteStorageReservation(StorageReservation):
+    """Every rank's storage less a number of bytes (`reserved_per_rank`), in the tier its own memory is planned
+    in; after reserve(), `reserved_bytes` is what it kept off each rank."""
 
-    def __init__(self, memory: MembenchMemoryModel) -> None:
-        self._memory = memory
+    def __init__(self) -> None:
         self._last_reserved_topology: Optional[Topology] = None
         self.reserved_bytes: Optional[int] = None  # per rank, at the last reserve()
         # torchrec 1.8's planner reads `_percentage` off any other reservation when it explains a failed plan
         # (planners.py); none of capacity is held back as a percentage here
         self._percentage = 0.0
 
+    def reserved_per_rank(self, topology: Topology, batch_size: int) -> int:
+        raise NotImplementedError
+
     def reserve(self, topology: Topology, batch_size: int, module, sharders, constraints=None) -> Topology:
-        self._memory.check_batch_size(batch_size)
         reserved = copy.deepcopy(topology)
-        self.reserved_bytes = self._memory.reserved_bytes(topology.world_size)
+        self.reserved_bytes = self.reserved_per_rank(topology, batch_size)
         for device in reserved.devices:
             device.storage -= device_storage(topology, self.reserved_bytes)
         self._last_reserved_topology = copy.deepcopy(reserved)
@@ -220,6 +225,18 @@ class MembenchStorageReservation(StorageReservation):
     @property
     def last_reserved_topology(self) -> Optional[Topology]:
         return self._last_reserved_topology
+
+
+class MembenchStorageReservation(AbsoluteStorageReservation):
+    """Every rank's storage less membench's prediction for a rank that holds no shard."""
+
+    def __init__(self, memory: MembenchMemoryModel) -> None:
+        super().__init__()
+        self._memory = memory
+
+    def reserved_per_rank(self, topology: Topology, batch_size: int) -> int:
+        self._memory.check_batch_size(batch_size)
+        return self._memory.reserved_bytes(topology.world_size)
 
 
 class MembenchPartitioner(Partitioner):

@@ -135,10 +135,12 @@ class PlacementError(ValueError):
     """The tables cannot be placed; `shortfall_bytes` is how much memory is missing (0 when the
     failure is not about the total, e.g. a table that cannot be split)."""
 
-    def __init__(self, message: str, shortfall_bytes: int = 0, table: Optional[str] = None):
+    def __init__(self, message: str, shortfall_bytes: int = 0, table: Optional[str] = None,
+                 binding: Optional[str] = None):
         super().__init__(message)
         self.shortfall_bytes = int(shortfall_bytes)
         self.table = table
+        self.binding = binding  # the memory that ran out: "hbm" (device) or "host" (UVM tables), if known
 
 
 def human_size(num_bytes: int) -> str:
@@ -147,7 +149,7 @@ def human_size(num_bytes: int) -> str:
 
 def capacity_error(total_bytes: int, world_size: int, capacity_bytes: int, shortfall_bytes: int,
                    detail: str = "", need_bytes: Optional[int] = None,
-                   have_bytes: Optional[int] = None) -> PlacementError:
+                   have_bytes: Optional[int] = None, binding: Optional[str] = None) -> PlacementError:
     """The one-line "cannot place ... short by ..." error every placer raises when memory runs out."""
     need = total_bytes if need_bytes is None else need_bytes
     have = world_size * capacity_bytes if have_bytes is None else have_bytes
@@ -155,8 +157,9 @@ def capacity_error(total_bytes: int, world_size: int, capacity_bytes: int, short
         f"cannot place {human_size(total_bytes)} of tables on {world_size} ranks x "
         f"{capacity_bytes / GIB:.2f} GiB: short by {shortfall_bytes / GIB:.1f} GiB "
         f"(need {need / GIB:.1f} GiB, have {have / GIB:.1f} GiB{detail}); "
-        "use more ranks or a larger device",
-        shortfall_bytes=shortfall_bytes)
+        + ("use more ranks or more host memory per node (hardware.host_memory_gib)" if binding == "host"
+           else "use more ranks or a larger device"),
+        shortfall_bytes=shortfall_bytes, binding=binding)
 
 
 class Placer(Protocol):
@@ -178,9 +181,14 @@ class PooledGroup:
 @dataclass
 class RankShare:
     """What one rank holds of the embedding tables, and the sizes that drive its sparse activations."""
-    weight_bytes: int = 0
+    weight_bytes: int = 0  # in device memory (HBM on a GPU): fused shards and data-parallel tables
     optimizer_bytes: int = 0
     grad_bytes: int = 0  # data-parallel tables: dense gradients of full tables
+    # UVM shards (workloads/uvm_cache.py): the HBM cache of fused_uvm_caching shards and its bookkeeping, and
+    # the weights and optimizer state they keep in managed host memory (not in device memory)
+    cache_bytes: int = 0
+    cache_state_bytes: int = 0
+    host_bytes: int = 0
     sent_dims: int = 0  # sum of embedding dims of the (column) shards this rank looks up
     sent_pooling: float = 0.0  # sum of mean pooling factors of the tables it looks up
     sent_features: int = 0  # (column) shards it looks up: one lengths entry per sample each in its received KJT
@@ -201,6 +209,7 @@ class RankPrediction:
     total_bytes: int
     breakdown: Dict[str, int]
     features: Dict[str, float] = field(default_factory=dict)
+    host_bytes: int = 0  # UVM tables' weights and optimizer state in host memory (outside `total_bytes`)
 
 
 def describe(placement: Placement, capacity_bytes: Optional[int] = None) -> List[dict]:

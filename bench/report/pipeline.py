@@ -15,7 +15,7 @@ from bench.results.store import atomic_write_text
 
 def clean_old_figures(out: Path) -> None:
     """A figure this report skips must not survive from an earlier report in the same directory."""
-    for path in out.glob("fig[0-9]_*"):
+    for path in out.glob("fig[0-9]*_*"):
         if path.is_file() and path.suffix[1:] in FORMATS:
             path.unlink()
 

@@ -69,8 +69,12 @@ class ShardingConfig:
     type: str = "auto"
     # Per-table overrides, e.g. {t0: column_wise}
     per_table: Dict[str, str] = field(default_factory=dict)
-    # fused | dense | fused_uvm_caching (UVM caching needs CUDA); auto lets the planner pick
+    # fused (HBM) | dense | fused_uvm (tables in host memory the GPU reads) | fused_uvm_caching (the same with an
+    # HBM cache); UVM kernels need CUDA ranks to run (plan mode takes them anywhere); auto lets the planner pick
     compute_kernel: str = "auto"
+    # fused_uvm_caching: the share of each table's rows its HBM cache holds (torchrec's cache load factor;
+    # null: torchrec's default, 0.2)
+    caching_ratio: Optional[float] = None
     # column_wise / table_column_wise: shards at least this many columns wide (torchrec's planner's
     # `min_partition`; null: torchrec's own, 128, so a 128-wide table is one shard)
     column_shard_dim: Optional[int] = None
@@ -152,6 +156,9 @@ class PlanConfig:
     # or any type torchrec places): torchrec (its EmbeddingStorageEstimator and HeuristicalStorageReservation)
     # | membench (membench's prediction as its storage estimator and reservation; docs/plan.md)
     memory_model: str = "torchrec"
+    # With plan.memory_model=torchrec: a torchrec_reservation.json (`membench reservation RUN`) whose measured
+    # static base, activation term and overhead replace torchrec's heuristic storage reservation
+    reservation_file: Optional[str] = None
     # Row-wise split of tables larger than this share of a rank's capacity (CUDA only)
     max_shard_fraction: float = 0.25
     # Provisioning: keep this share of each rank's capacity free
@@ -190,7 +197,8 @@ class RunConfig:
 # a config which does not use them keeps the hash its baselines (and earlier results) were recorded with
 HASHED_WHEN_SET = {"pipeline": {"name": "plain"}, "workload.tables_file": None, "workload.generator": "auto",
                    "emulate": {"world_size": None, "rank": "auto"}, "sharding.column_shard_dim": None,
-                   "allocator.large_segment_size_mb": None, "plan.memory_model": "torchrec"}
+                   "sharding.caching_ratio": None, "allocator.large_segment_size_mb": None, "plan.memory_model": "torchrec",
+                   "plan.reservation_file": None}
 
 
 def register_configs() -> None:

@@ -19,6 +19,8 @@ from typing import Optional, Tuple
 import psutil
 from omegaconf import OmegaConf
 
+from bench.planning.measured_terms import check_reservation_file
+from workloads.uvm_cache import UVM_KERNELS, validate_caching_ratio
 from bench.planning.types import PlanTarget, validate_memory_model
 from bench.run.launch_types import LaunchSpec
 from bench.results.schema import (DEVICE_CPU, DEVICE_CUDA, DEVICE_CUDA_SIMULATED, has_cuda_allocator,
@@ -268,6 +270,7 @@ def validate_run(cfg: RunConfig, launch: LaunchSpec, available_host_bytes: int |
         raise ConfigError("record.nvml_interval_ms", cfg.record.nvml_interval_ms, "must be >= 1")
     validate_workload(cfg.workload)
     validate_memory_model(cfg.plan.memory_model)
+    check_reservation_file(cfg.plan, launch.device_type)
     validate_pipeline(cfg.pipeline.name, cfg.model.backend, kernel_device(launch.device_type))
     _validate_sharding(cfg, kernel_device(launch.device_type))
     _validate_materialized(cfg, launch, available_host_bytes)
@@ -335,9 +338,11 @@ def _validate_sharding(cfg: RunConfig, device_type: str) -> None:
     if sharding.compute_kernel not in COMPUTE_KERNELS:
         raise ConfigError("sharding.compute_kernel", sharding.compute_kernel,
                           f"use one of {', '.join(COMPUTE_KERNELS)}")
-    if sharding.compute_kernel == "fused_uvm_caching" and device_type != "cuda":
+    if sharding.compute_kernel in UVM_KERNELS and device_type != "cuda":
         raise ConfigError("sharding.compute_kernel", sharding.compute_kernel,
-                          "UVM caching needs CUDA; on CPU use auto, fused or dense")
+                          "UVM kernels need CUDA ranks to run (membench plan takes them anywhere); on CPU use "
+                          "auto, fused or dense")
+    validate_caching_ratio(sharding.caching_ratio)
     all_data_parallel = {sharding.type, *sharding.per_table.values()} == {"data_parallel"}
     if (device_type == "cpu" and not all_data_parallel and cfg.model.backend == "torchrec"
             and cfg.workload.embedding_optimizer not in EMBEDDING_OPTIMIZERS_CPU_FUSED):

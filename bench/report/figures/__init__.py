@@ -11,6 +11,7 @@ from bench.report.figures.frontier import figure_frontier
 from bench.report.figures.imbalance import figure_imbalance
 from bench.report.figures.pipelines import figure_pipelines
 from bench.report.figures.plan import figure_plan
+from bench.report.figures.planners import figure_planners
 from bench.report.figures.timeline import figure_timeline
 from bench.report.figures.utilization import figure_utilization
 from bench.report.loading import Run, Sweep
@@ -29,4 +30,5 @@ FIGURES: Tuple[Tuple[str, Builder], ...] = (
     ("plan mode at scale", lambda plot, runs, sweeps: figure_plan(plot, runs)),
     ("allocated vs reserved", lambda plot, runs, sweeps: figure_allocator(plot, runs)),
     ("train pipelines", lambda plot, runs, sweeps: figure_pipelines(plot, runs)),
+    ("torchrec planner memory models", lambda plot, runs, sweeps: figure_planners(plot, runs)),
 )
