@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from workloads.rules import ConfigError
+
 FUSED, FUSED_UVM, FUSED_UVM_CACHING = "fused", "fused_uvm", "fused_uvm_caching"
 UVM_KERNELS = (FUSED_UVM, FUSED_UVM_CACHING)
 DEFAULT_CACHING_RATIO = 0.2  # torchrec's default cache load factor (CacheParams.load_factor)
@@ -42,8 +44,7 @@ class ShardTiers:
 
 
 def validate_caching_ratio(ratio) -> None:
-    from workloads.rules import ConfigError
-
+    """sharding.caching_ratio: null (torchrec's default) or a share of the rows in (0, 1]."""
     if ratio is not None and not (isinstance(ratio, (int, float)) and 0 < ratio <= 1):
         raise ConfigError("sharding.caching_ratio", ratio, "use a share of the rows in (0, 1], e.g. 0.2 (or null)")
 

@@ -162,7 +162,7 @@ def print_plan(summary: RunSummary, run_dir: Path) -> None:
         job = summary.job
         console.print(f"job: utilization min/mean/max {100 * job.utilization_min:.1f}/{100 * job.utilization_mean:.1f}/"
                       f"{100 * job.utilization_max:.1f} %, imbalance {job.imbalance:.3f}")
-    host = summary.estimate.get("per_node_host_bytes") or [] if summary.estimate else []
+    host = (summary.estimate or {}).get("per_node_host_bytes") or []
     if any(host):
         console.print(f"host memory (UVM tables): highest node {max(host) / GIB:.2f} GiB of "
                       f"{summary.estimate['host_capacity_bytes'] / GIB:.2f} GiB per node")

@@ -26,6 +26,7 @@ REFUSED, OK = "refused", "ok"
 RESULT_FILE = "planner_comparison.json"
 # --measured: torchrec's own model with the reservation a run of the workload at its own capacity measured
 MEASURED = "torchrec+measured"
+RANK_GROUPS = (("cpu", False), ("emulated", True))  # the table's parts: CPU runs, and emulated ones apart
 
 
 @dataclass
@@ -124,7 +125,7 @@ def measured_reservation(overrides: List[str], run_dir: Path, run_id: str) -> Pa
     from bench.planning.measured_terms import RESERVATION_FILE, terms_of_run
     from bench.run.execute import run_overrides
 
-    summary = run_overrides(overrides + ["plan.memory_model=torchrec"], run_dir, run_id)
+    summary = run_overrides(overrides + model_overrides("torchrec", None), run_dir, run_id)
     if summary.status != OK:
         raise RuntimeError(f"the measuring run at the workload's own capacity ended {summary.status}")
     return terms_of_run(run_dir).write(run_dir / RESERVATION_FILE)
@@ -190,7 +191,7 @@ def models_of(comparisons: List[WorkloadComparison]) -> List[str]:
 def summarize(comparisons: List[WorkloadComparison]) -> Dict[str, dict]:
     """The table, per memory model, for the CPU runs and the emulated ones apart."""
     out = {}
-    for label, emulated in (("cpu", False), ("emulated", True)):
+    for label, emulated in RANK_GROUPS:
         chosen = [c for c in comparisons if c.emulated == emulated]
         if chosen:
             out[label] = {model: model_summary(chosen, model) for model in models_of(chosen)}

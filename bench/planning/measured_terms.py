@@ -105,8 +105,8 @@ def terms_of_run(run_dir: Path) -> MeasuredTerms:
 
 
 def field_checks() -> List[tuple]:
-    """(name, type, lower bound) of every number a reservation file must hold (all are whole bytes or counts)."""
-    return [(f.name, int, 1 if f.name in ("world_size", "batch_size") else 0)
+    """(name, lower bound) of every number a reservation file must hold: all are whole bytes or counts."""
+    return [(f.name, 1 if f.name in ("world_size", "batch_size") else 0)
             for f in fields(MeasuredTerms) if f.type == "int"]
 
 
@@ -128,13 +128,13 @@ def load_terms(path: Path) -> MeasuredTerms:
     if known - set(data):
         raise ResultsError(f"{path}: missing fields {sorted(known - set(data))}; write it with "
                            f"`membench reservation RUN_DIR`")
-    for name, kind, lowest in field_checks():
+    for name, lowest in field_checks():
         value = data[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or (kind is int and value != int(value)) or value < lowest:
-            raise ResultsError(f"{path}: {name}={value!r}: expected {kind.__name__} >= {lowest}; write the file "
+                or value != int(value) or value < lowest:
+            raise ResultsError(f"{path}: {name}={value!r}: expected int >= {lowest}; write the file "
                                f"again with `membench reservation RUN_DIR`")
-        data[name] = kind(value)
+        data[name] = int(value)
     return MeasuredTerms(**data)
 
 

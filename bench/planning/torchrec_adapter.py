@@ -331,9 +331,10 @@ def place_torchrec(spec: WorkloadSpec, world_size: int, capacity_bytes: int, *, 
     the estimator counts its state), the topology `make_topology` (HBM `capacity_bytes` and DDR
     `ddr_cap_bytes` per rank, `local_world_size` ranks per node), the sharders ``get_default_sharders()``,
     and the constraints `parameter_constraints` with the sharding types on auto (torchrec's defaults, with the
-    workload's pooling factors), the kernel `compute_kernel` and the cache load factor `caching_ratio`. Without `memory`, torchrec keeps its default storage reservation (15% of HBM
-    plus dense/KJT estimates), so it plans against less than `capacity_bytes` per rank; with `memory` (a
-    `torchrec_memory_model.MembenchMemoryModel`) it plans with membench's model instead. It optimizes its perf
+    workload's pooling factors), the kernel `compute_kernel` and the cache load factor `caching_ratio`. Without
+    `memory`, torchrec keeps its default storage reservation (15% of HBM plus dense/KJT estimates), so it plans
+    against less than `capacity_bytes` per rank; with `memory` (a `torchrec_memory_model.MembenchMemoryModel`)
+    it plans with membench's model instead. It optimizes its perf
     model, not memory, and takes minutes at terabyte scale. ``timeout_seconds`` bounds its proposal loop
     only and makes the plan depend on wall-clock time.
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from bench.harness.planner_comparison import RESULT_FILE, WorkloadComparison, load_comparison, summarize
+from bench.harness.planner_comparison import (RANK_GROUPS, RESULT_FILE, WorkloadComparison, load_comparison,
+                                              summarize)
 from bench.report.loading import Run, natural_key
 from bench.report.markdown import Section, md_table
 from bench.report.style import OKABE_ITO, OOM_FACE, Plotter
@@ -19,13 +20,12 @@ INTRO = ("torchrec's EmbeddingShardingPlanner with its own memory model and with
 EXAMPLE = "`membench planner-check` (writes planner_comparison.json beside its runs)"
 VERDICTS = (("ok", "ran", OKABE_ITO[2]), ("oom", "OOM", OOM_FACE), ("failed", "failed otherwise", "#999999"),
             ("refused", "refused", OKABE_ITO[4]))
-GROUPS = (("cpu", False), ("emulated", True))
 
 
 def comparison_files(runs: List[Run]) -> List[Path]:
     """The planner_comparison.json beside the loaded runs (planner-check writes its runs next to it)."""
-    found = {run.dir.parent / RESULT_FILE for run in runs if (run.dir.parent / RESULT_FILE).is_file()}
-    return sorted(found, key=lambda p: natural_key(str(p)))
+    candidates = {run.dir.parent / RESULT_FILE for run in runs}
+    return sorted((path for path in candidates if path.is_file()), key=lambda p: natural_key(str(p)))
 
 
 def loaded(files: List[Path], notes: List[str]) -> List[Tuple[Path, List[WorkloadComparison]]]:
@@ -89,7 +89,7 @@ def draw(plot: Plotter, workloads: List[WorkloadComparison], models: List[str], 
 
 def draw_verdicts(ax, workloads: List[WorkloadComparison], models: List[str]) -> None:
     bars = [(f"{model}\n({label})", [c for c in workloads if c.emulated == emulated], model)
-            for label, emulated in GROUPS for model in models
+            for label, emulated in RANK_GROUPS for model in models
             if any(c.emulated == emulated for c in workloads)]
     for row, (name, chosen, model) in enumerate(bars):
         start = 0
@@ -110,7 +110,7 @@ def draw_unused(ax, workloads: List[WorkloadComparison], models: List[str]) -> N
     base, others = models[0], models[1:]
     top = 0.0
     for number, other in enumerate(others):
-        for label, emulated in GROUPS:
+        for label, emulated in RANK_GROUPS:
             points = [(100 * c.outcomes[base].unused_bytes / c.capacity_bytes,
                        100 * c.outcomes[other].unused_bytes / c.capacity_bytes) for c in workloads
                       if c.emulated == emulated and c.outcomes[base].unused_bytes is not None
