@@ -57,8 +57,8 @@ def test_a_fused_shard_is_all_in_hbm_and_a_uvm_shard_holds_none_there():
     assert cache_slots(1000, 0.0) == 0 and cache_state_bytes(1000, 0) == 4000
 
 
-def plan_uvm(*overrides: str):
-    """torchrec's plan of tiny on 2 H100 ranks (plan mode) with `overrides`: (spec, placement, predictions, the
+def plan_uvm(*overrides: str, planner: str = "torchrec"):
+    """`planner`'s plan of tiny on 2 H100 ranks (plan mode) with `overrides`: (spec, placement, predictions, the
     judged outcome)."""
     from bench.planning.dry_run import dry_run_for
     from bench.planning.provision import judge_plan, place, predict_ranks
@@ -67,7 +67,7 @@ def plan_uvm(*overrides: str):
     from bench.run.launchspec import resolve_target
     from workloads.spec import build_spec
 
-    cfg = compose_run_config(["workload=tiny", "hardware=h100_80g", "plan.planner=torchrec", "world_size=2",
+    cfg = compose_run_config(["workload=tiny", "hardware=h100_80g", f"plan.planner={planner}", "world_size=2",
                               *overrides])
     spec = build_spec(cfg.workload)
     target = resolve_target(with_changes(cfg, mode="plan"), visible_cuda=None)
@@ -76,13 +76,15 @@ def plan_uvm(*overrides: str):
     return spec, placement, predictions, judge_plan(cfg, target, predictions, placement, calibration)
 
 
-@pytest.mark.parametrize("ratio", [None, 0.05])
-def test_plan_mode_puts_a_cached_table_s_cache_in_hbm_and_the_table_in_host_memory(ratio):
-    """`membench plan` with torchrec's planner and fused_uvm_caching: each rank's HBM holds the caches of its
-    shards and their bookkeeping (fbgemm's sizes), no table weights; the node's host memory holds the tables and
-    their optimizer state, which is torchrec's own DDR estimate for the same plan, to the byte."""
+@pytest.mark.parametrize("planner, ratio", [("torchrec", None), ("torchrec", 0.05), ("membench", 0.05)])
+def test_plan_mode_puts_a_cached_table_s_cache_in_hbm_and_the_table_in_host_memory(planner, ratio):
+    """`membench plan` with fused_uvm_caching: each rank's HBM holds the caches of its shards and their
+    bookkeeping (fbgemm's sizes), no table weights; the node's host memory holds the tables and their optimizer
+    state, which (torchrec's planner) is torchrec's own DDR estimate for the same plan, to the byte, and
+    (membench's placement, which once put these tables in HBM) the tables' whole storage."""
     extra = [] if ratio is None else [f"sharding.caching_ratio={ratio}"]
-    spec, placement, predictions, outcome = plan_uvm("sharding.compute_kernel=fused_uvm_caching", *extra)
+    spec, placement, predictions, outcome = plan_uvm("sharding.compute_kernel=fused_uvm_caching", *extra,
+                                                     planner=planner)
     assert outcome.status == "ok", outcome.error
     assert {s.compute_kernel for s in placement.shards} == {FUSED_UVM_CACHING}
     for prediction in predictions:
@@ -95,6 +97,7 @@ def test_plan_mode_puts_a_cached_table_s_cache_in_hbm_and_the_table_in_host_memo
         assert prediction.host_bytes == placement.per_rank_ddr_bytes[prediction.rank] > 0  # torchrec's figure
     assert outcome.estimate["per_node_host_bytes"] == [sum(placement.per_rank_ddr_bytes)]
     assert {t.bytes_per_element for t in spec.tables} == {4}
+    assert sum(placement.per_rank_ddr_bytes) == sum(s.weight_bytes + s.optimizer_bytes for s in placement.shards)
 
 
 def test_a_plan_whose_uvm_tables_exceed_host_memory_does_not_fit_and_says_so():
@@ -107,11 +110,12 @@ def test_a_plan_whose_uvm_tables_exceed_host_memory_does_not_fit_and_says_so():
     from bench.run.launchspec import resolve_target
     from workloads.spec import build_spec
 
-    cfg = compose_run_config(["workload=tiny", "hardware=h100_80g", "plan.planner=torchrec", "world_size=2",
-                              "sharding.compute_kernel=fused_uvm", "hardware.host_memory_gib=0.01"])
-    outcome = plan(cfg, build_spec(cfg.workload), resolve_target(with_changes(cfg, mode="plan"), visible_cuda=None))
-    assert outcome.status == "oom" and outcome.estimate["binding"] == "host", outcome.error
-    assert "host memory" in outcome.error and "hardware.host_memory_gib" in outcome.error
+    for planner in ("torchrec", "membench"):
+        cfg = compose_run_config(["workload=tiny", "hardware=h100_80g", f"plan.planner={planner}", "world_size=2",
+                                  "sharding.compute_kernel=fused_uvm", "hardware.host_memory_gib=0.01"])
+        outcome = plan(cfg, build_spec(cfg.workload), resolve_target(with_changes(cfg, mode="plan"), visible_cuda=None))
+        assert outcome.status == "oom" and outcome.estimate["binding"] == "host", (planner, outcome.error)
+        assert "host memory" in outcome.error and "hardware.host_memory_gib" in outcome.error
     *_, predictions, roomy = plan_uvm("sharding.compute_kernel=fused_uvm")
     assert roomy.status == "ok" and roomy.estimate["binding"] is None
     assert all(p.breakdown["embedding_weights"] == p.breakdown["embedding_cache"] == 0 for p in predictions)

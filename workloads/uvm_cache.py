@@ -43,10 +43,17 @@ class ShardTiers:
         return self.hbm_weight_bytes + self.hbm_optimizer_bytes + self.cache_bytes + self.cache_state_bytes
 
 
+def is_caching_ratio(ratio) -> bool:
+    """A cache ratio torchrec takes: strictly between 0 and 1 (its planner refuses a cache load factor of 1.0
+    for fused_uvm_caching; a whole-table cache is `fused`)."""
+    return isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 < ratio < 1
+
+
 def validate_caching_ratio(ratio) -> None:
-    """sharding.caching_ratio: null (torchrec's default) or a share of the rows in (0, 1]."""
-    if ratio is not None and not (isinstance(ratio, (int, float)) and 0 < ratio <= 1):
-        raise ConfigError("sharding.caching_ratio", ratio, "use a share of the rows in (0, 1], e.g. 0.2 (or null)")
+    """sharding.caching_ratio: null (torchrec's default) or a share of the rows in (0, 1)."""
+    if ratio is not None and not is_caching_ratio(ratio):
+        raise ConfigError("sharding.caching_ratio", ratio, "use a share of the rows in (0, 1), e.g. 0.2 (or null; "
+                          "a whole-table cache is compute_kernel=fused)")
 
 
 def effective_caching_ratio(ratio) -> float:
@@ -66,6 +73,11 @@ def cache_state_bytes(rows: int, slots: int) -> int:
     return INDEX_BYTES_PER_ROW * rows + STATE_BYTES_PER_SLOT * slots
 
 
+def cached_row_hbm_bytes(cols: int, bytes_per_element: int, caching_ratio: float) -> float:
+    """The HBM one row of a cached shard costs on average: its share of the cache and of the bookkeeping."""
+    return INDEX_BYTES_PER_ROW + caching_ratio * (cols * bytes_per_element + STATE_BYTES_PER_SLOT)
+
+
 def shard_tiers(kernel: str, rows: int, cols: int, bytes_per_element: int, weight_bytes: int,
                 optimizer_bytes: int, caching_ratio: float = DEFAULT_CACHING_RATIO) -> ShardTiers:
     """Where a shard of `rows` x `cols` (its weights and optimizer state already sized) lives under `kernel`."""
@@ -76,6 +88,12 @@ def shard_tiers(kernel: str, rows: int, cols: int, bytes_per_element: int, weigh
     slots = cache_slots(rows, caching_ratio)
     return ShardTiers(cache_bytes=slots * cols * bytes_per_element, cache_state_bytes=cache_state_bytes(rows, slots),
                       host_bytes=weight_bytes + optimizer_bytes)
+
+
+def placed_tier_bytes(kernel: str, tiers: ShardTiers) -> int:
+    """The bytes a placer balances a shard by: its HBM bytes, or its host bytes under `fused_uvm`, whose shards
+    keep nothing in HBM (they are placed against the host memory per rank)."""
+    return tiers.host_bytes if kernel == FUSED_UVM else tiers.hbm_bytes
 
 
 def torchrec_cache_bytes(rows: int, weight_bytes: int, optimizer_multiplier: float, caching_ratio: float) -> int:

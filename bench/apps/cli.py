@@ -27,7 +27,7 @@ USAGE = """usage: membench <command> [hydra overrides...]
 commands:
   run        launch a workload under torchrun and record memory per rank (Hydra app; -m for a sweep)
   plan       estimate per-rank memory for any world size (no GPU, tables never materialized)
-  provision  recommend the smallest world size that fits with headroom (and per batch size)
+  provision  recommend the smallest world size that fits with headroom (per batch size and UVM cache ratio)
   calibrate  fit the peak predictor from measured runs (results/calibration/<hardware>.json)
   planner-check  torchrec's planner with its memory model and membench's, each plan run at a tight capacity
   reservation  a finished run's measured static base, activation term and overhead as torchrec's reservation
@@ -46,6 +46,7 @@ examples:
   membench run --help                               # config groups and every option
   membench plan workload=tb_10 hardware=h100_80g world_size=512
   membench provision workload=tb_1 hardware=h100_80g plan.headroom=0.1
+  membench provision workload=tb_10 hardware=h100_80g sharding.compute_kernel=fused_uvm_caching 'plan.caching_ratios=[0.05,0.2]'
   membench reservation results/runs/<run>          # its measured terms as torchrec's storage reservation
   membench report results/runs/sweep-<id> --out report/
   membench compare results/runs/<run A> results/runs/<run B> --rtol 0.01

@@ -182,19 +182,28 @@ def print_provision(report: dict, out_path: Path) -> None:
     table = Table(title=f"provisioning {report['workload']} on {report['hardware']} "
                         f"({report['capacity_bytes'] / GIB:.0f} GiB/rank, headroom {100 * report['headroom']:.0f}%)",
                   title_justify="left")
-    for column in ("batch/rank", "recommended ranks", "nodes", "max rank GiB", "util max %", "util mean %",
-                   "next smaller", "it lacks (GiB)", "limit"):
+    rows = report["results"]
+    cached = any(row.get("caching_ratio") is not None for row in rows)
+    host = any((row["recommended"] or {}).get("max_node_host_bytes") for row in rows)
+    for column in ("batch/rank", *(["cache ratio"] if cached else []), "recommended ranks", "nodes", "max rank GiB",
+                   "util max %", "util mean %", *(["host/node GiB"] if host else []), "next smaller",
+                   "it lacks (GiB)", "limit"):
         table.add_column(column, justify="right")
-    for row in report["results"]:
+    for row in rows:
         chosen, smaller = row["recommended"], row["next_smaller"]
+        lead = [str(row["batch_size"]), *([f"{row['caching_ratio']:g}" if row.get("caching_ratio") else "default"]
+                                         if cached else [])]
         if chosen is None:
-            table.add_row(str(row["batch_size"]), "none fits", "-", "-", "-", "-", "-", "-", "-")
+            table.add_row(*lead, "none fits", *["-"] * (7 + host))
             continue
         lacks = "-" if smaller is None else f"{smaller['shortfall_bytes'] / GIB:.2f}"
-        table.add_row(str(row["batch_size"]), str(chosen["world_size"]),
+        table.add_row(*lead, str(chosen["world_size"]),
                       str(chosen["world_size"] // report["ranks_per_node"]), f"{chosen['max_rank_bytes'] / GIB:.2f}",
                       f"{100 * chosen['utilization_max']:.1f}", f"{100 * chosen['utilization_mean']:.1f}",
+                      *([f"{chosen.get('max_node_host_bytes', 0) / GIB:.1f}"] if host else []),
                       "-" if smaller is None else str(smaller["world_size"]), lacks,
                       "-" if smaller is None else limit_name(smaller))
     console.print(table)
+    if host:
+        console.print(f"host memory per node: {report['host_capacity_bytes'] / GIB:.0f} GiB (hardware.host_memory_gib)")
     console.print(f"results: {out_path}")

@@ -19,7 +19,7 @@ from bench.apps.console import human_bytes, print_plan, print_provision
 from bench.apps.progress import Throttled, Ticker
 from bench.run.step_progress import clock
 from bench.apps.run import JobOutcome, max_peak
-from bench.planning.provision import plan, provision, validate_plan_config
+from bench.planning.provision import plan, provision, validate_caching_ratios, validate_plan_config
 from bench.planning.torchrec_adapter import quiet_libraries
 from bench.results.schema import Status
 from bench.results.store import atomic_write_json, write_summary
@@ -38,6 +38,7 @@ def checked_job(dict_cfg: DictConfig, mode: str):
     try:
         target = resolve_target(cfg, visible_cuda=None)
         validate_plan_config(cfg.plan, target.device_type)
+        validate_caching_ratios(cfg)
         validate_workload(cfg.workload)
     except ConfigError as err:
         print(f"membench: {err}", file=sys.stderr)

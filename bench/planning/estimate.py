@@ -81,14 +81,19 @@ def add_sharded_table(share: RankShare, table, rows: int, cols: int, embedding_o
     tiers = shard_tiers(compute_kernel, rows, cols, table.bytes_per_element,
                         rows * cols * table.bytes_per_element, optimizer_state_bytes(embedding_optimizer, rows, cols),
                         effective_caching_ratio(caching_ratio))
+    add_tiers(share, tiers)
+    share.sent_dims += cols
+    share.sent_pooling += table.pooling_mean
+    share.sent_features += 1
+
+
+def add_tiers(share: RankShare, tiers) -> None:
+    """A shard's bytes onto the rank, in HBM and in host memory as its kernel keeps them (`ShardTiers`)."""
     share.weight_bytes += tiers.hbm_weight_bytes
     share.optimizer_bytes += tiers.hbm_optimizer_bytes
     share.cache_bytes += tiers.cache_bytes
     share.cache_state_bytes += tiers.cache_state_bytes
     share.host_bytes += tiers.host_bytes
-    share.sent_dims += cols
-    share.sent_pooling += table.pooling_mean
-    share.sent_features += 1
 
 
 def pooled_groups(plan_rows: List[dict], spec: WorkloadSpec, world_size: int) -> List[List[PooledGroup]]:
@@ -184,15 +189,15 @@ def allocator_overhead(allocations: AllocationStream, tables: Sequence[int], set
     return replay(allocations.events, settings, before=tables).overhead_bytes
 
 
-def shares_from_placement(placement, spec: WorkloadSpec) -> List[RankShare]:
-    """Per-rank embedding storage from a `Placement` (virtual-row shards)."""
+def shares_from_placement(placement, spec: WorkloadSpec, caching_ratio: Optional[float] = None) -> List[RankShare]:
+    """Per-rank embedding storage from a `Placement` (virtual-row shards), each where its kernel keeps it."""
     tables = {t.name: t for t in spec.tables}
     shares = [RankShare() for _ in range(placement.world_size)]
     for shard in placement.shards:
         table = tables[shard.table]
         share = shares[shard.rank]
-        share.weight_bytes += shard.weight_bytes
-        share.optimizer_bytes += shard.optimizer_bytes
+        add_tiers(share, shard_tiers(shard.compute_kernel, shard.rows, shard.dim, table.bytes_per_element,
+                                     shard.weight_bytes, shard.optimizer_bytes, effective_caching_ratio(caching_ratio)))
         share.sent_dims += shard.dim
         # a row-wise shard sees the ids that hash into its rows
         share.sent_pooling += table.pooling_mean * shard.rows / max(1, table.virtual_rows)

@@ -24,6 +24,11 @@ on 1024 ranks the fullest rank holds a whole table while the mean is 0.977 of on
 100 tables on 64 ranks give 28% (two tables vs 1.56). A 10 TB / 1000-table workload on 1024 ranks
 places in milliseconds.
 
+Every table is placed under one fbgemm compute kernel (workloads/uvm_cache.py): ``fused`` balances weights +
+optimizer state in HBM; ``fused_uvm_caching`` balances the HBM caches and their bookkeeping (the tables
+themselves go to host memory, which plan mode checks per node); ``fused_uvm`` keeps nothing in HBM and is
+placed against the host memory per rank that the caller passes as ``capacity_bytes``.
+
 Raises `PlacementError` with ``shortfall_bytes`` when the total exceeds ``world_size * capacity_bytes``
 (shortfall = total - world_size * capacity) or when, after placement, a rank exceeds its capacity (only
 possible without row-wise; shortfall = the sum of the overflows).
@@ -33,12 +38,15 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from bench.planning.types import Placement, PlacementError, Shard, capacity_error
 from workloads.spec import TableSpec, WorkloadSpec
 from workloads.storage import table_storage
 from workloads.units import GIB
+from workloads.uvm_cache import (DEFAULT_CACHING_RATIO, FUSED, FUSED_UVM, FUSED_UVM_CACHING, cached_row_hbm_bytes,
+                                 effective_caching_ratio, placed_tier_bytes, shard_tiers)
 
 # (bytes, table index, row offset, rows): one entry per shard to place
 Item = Tuple[int, int, int, int]
@@ -55,8 +63,13 @@ def _split_rows(rows: int, k: int) -> List[Tuple[int, int]]:
     return blocks
 
 
-def _bytes_per_row(table: TableSpec, embedding_optimizer: str) -> int:
-    """Weights + optimizer bytes of one row: every storage formula is linear in rows."""
+def _bytes_per_row(table: TableSpec, embedding_optimizer: str, kernel: str = FUSED,
+                   caching_ratio: float = DEFAULT_CACHING_RATIO) -> int:
+    """The bytes one row costs in the memory the placement fills (every storage formula is linear in rows):
+    weights + optimizer state, in HBM or (`fused_uvm`) in host memory; a cached row's share of its HBM cache
+    and bookkeeping, rounded up (fbgemm's whole cache sets are added per shard afterwards)."""
+    if kernel == FUSED_UVM_CACHING:
+        return math.ceil(cached_row_hbm_bytes(table.embedding_dim, table.bytes_per_element, caching_ratio))
     return sum(table_storage(table, embedding_optimizer, rows=1))
 
 
@@ -131,48 +144,77 @@ def _assign(items: List[Item], per_row: List[int], world_size: int,
     return placed, balance_splits
 
 
-def _shards(tables: List[TableSpec], optimizer: str, placed, world_size: int):
+@dataclass
+class _RankTotals:
+    weight: List[int]
+    optimizer: List[int]
+    hbm: List[int]
+    host: List[int]
+    placed: List[int]  # in the memory the placement fills (`placed_tier_bytes`)
+
+
+def _shards(tables: List[TableSpec], optimizer: str, placed, world_size: int, kernel: str,
+            caching_ratio: float) -> Tuple[List[Shard], _RankTotals]:
     shards: List[Shard] = []
-    per_rank_weight, per_rank_optimizer = [0] * world_size, [0] * world_size
+    totals = _RankTotals(*([0] * world_size for _ in range(5)))
     for i, offset, rows, rank in placed:
         table = tables[i]
         weight, state = table_storage(table, optimizer, rows)
         shards.append(Shard(table=table.name, sharding_type="table_wise" if rows == table.virtual_rows else "row_wise",
                             row_offset=offset, rows=rows, dim=table.embedding_dim, weight_bytes=weight,
-                            optimizer_bytes=state, rank=rank))
-        per_rank_weight[rank] += weight
-        per_rank_optimizer[rank] += state
-    return shards, per_rank_weight, per_rank_optimizer
+                            optimizer_bytes=state, rank=rank, compute_kernel=kernel))
+        tiers = shard_tiers(kernel, rows, table.embedding_dim, table.bytes_per_element, weight, state, caching_ratio)
+        totals.weight[rank] += weight
+        totals.optimizer[rank] += state
+        totals.hbm[rank] += tiers.hbm_bytes
+        totals.host[rank] += tiers.host_bytes
+        totals.placed[rank] += placed_tier_bytes(kernel, tiers)
+    return shards, totals
+
+
+def _tier(kernel: str, caching_ratio: float) -> Tuple[Optional[str], str]:
+    """(binding, what the bytes are) for a capacity error: HBM, the HBM caches, or host memory."""
+    if kernel == FUSED_UVM:
+        return "host", " in host memory (fused_uvm)"
+    if kernel == FUSED_UVM_CACHING:
+        return "hbm", f" as HBM caches of {caching_ratio:g} x the rows (fused_uvm_caching)"
+    return None, ""
 
 
 def place_greedy(spec: WorkloadSpec, world_size: int, capacity_bytes: int, *, allow_row_wise: bool = True,
-                 max_shard_fraction: float = 0.25, balance_tolerance: Optional[float] = 0.0) -> Placement:
+                 max_shard_fraction: float = 0.25, balance_tolerance: Optional[float] = 0.0,
+                 compute_kernel: str = FUSED, caching_ratio: Optional[float] = None) -> Placement:
     """membench's placement of `spec`'s tables onto `world_size` ranks of `capacity_bytes` each (see the
-    module's docstring for the three steps and the errors)."""
+    module's docstring for the three steps and the errors), every table under `compute_kernel`: `capacity_bytes`
+    is HBM, or under `fused_uvm` the host memory per rank."""
     start = time.perf_counter()
     _check_arguments(world_size, capacity_bytes, max_shard_fraction, balance_tolerance)
     optimizer = spec.config.embedding_optimizer
     tables = spec.tables
-    per_row = [_bytes_per_row(t, optimizer) for t in tables]
+    ratio = effective_caching_ratio(caching_ratio)
+    per_row = [_bytes_per_row(t, optimizer, compute_kernel, ratio) for t in tables]
     total = sum(t.virtual_rows * b for t, b in zip(tables, per_row))
+    binding, tier = _tier(compute_kernel, ratio)
     if total > world_size * capacity_bytes:
-        raise capacity_error(total, world_size, capacity_bytes, total - world_size * capacity_bytes)
+        raise capacity_error(total, world_size, capacity_bytes, total - world_size * capacity_bytes, detail=tier,
+                             binding=binding)
     budget = max_shard_fraction * capacity_bytes
     items = _capacity_split(tables, per_row, budget, capacity_bytes, allow_row_wise)
     target = _fill_target(total, world_size, capacity_bytes, allow_row_wise, balance_tolerance)
     placed, balance_splits = _assign(items, per_row, world_size, target)
-    shards, per_rank_weight, per_rank_optimizer = _shards(tables, optimizer, placed, world_size)
-    per_rank = [w + o for w, o in zip(per_rank_weight, per_rank_optimizer)]
+    shards, totals = _shards(tables, optimizer, placed, world_size, compute_kernel, ratio)
+    per_rank = totals.placed
     overflow = sum(max(0, b - capacity_bytes) for b in per_rank)
     if overflow:
         worst = max(range(world_size), key=per_rank.__getitem__)
-        raise capacity_error(total, world_size, capacity_bytes, overflow,
-                             detail=f"; after placement rank {worst} would hold {per_rank[worst] / GIB:.1f} GiB")
+        raise capacity_error(total, world_size, capacity_bytes, overflow, binding=binding,
+                             detail=f"{tier}; after placement rank {worst} would hold {per_rank[worst] / GIB:.1f} GiB")
     return Placement(
-        planner="membench", world_size=world_size, shards=shards, per_rank_weight_bytes=per_rank_weight,
-        per_rank_optimizer_bytes=per_rank_optimizer, plan_time_s=time.perf_counter() - start,
-        per_rank_hbm_bytes=per_rank, per_rank_ddr_bytes=[0] * world_size,
+        planner="membench", world_size=world_size, shards=shards, per_rank_weight_bytes=totals.weight,
+        per_rank_optimizer_bytes=totals.optimizer, plan_time_s=time.perf_counter() - start,
+        per_rank_hbm_bytes=totals.hbm, per_rank_ddr_bytes=totals.host,
         info={"capacity_split_shards": len(items), "balance_splits": balance_splits,
               "fill_target_bytes": target, "shard_budget_bytes": int(budget),
               "capacity_bytes": int(capacity_bytes), "allow_row_wise": allow_row_wise,
-              "max_shard_fraction": max_shard_fraction, "balance_tolerance": balance_tolerance})
+              "max_shard_fraction": max_shard_fraction, "balance_tolerance": balance_tolerance,
+              "compute_kernel": compute_kernel, "caching_ratio": ratio if compute_kernel == FUSED_UVM_CACHING else None})

@@ -19,13 +19,16 @@ from bench.planning.dry_run import DryRunModel, dry_run_for
 from bench.planning.estimate import (add_device_overheads, plan_rows_from_placement, predict, shares_from_placement,
                                      shares_from_plan)
 from bench.planning.greedy import place_greedy
-from bench.planning.planner_memory import memory_model_for, planner_memory
+from bench.planning.planner_memory import host_memory_per_rank, memory_model_for, planner_memory
 from bench.planning.torchrec_adapter import place_torchrec
 from bench.planning.measured_terms import check_reservation_file
 from bench.planning.types import Placement, PlacementError, PlanTarget, RankPrediction, validate_memory_model
 from bench.results.schema import JobStats, RankResult, Status, complete_breakdown
 from workloads.spec import WorkloadSpec, build_spec
 from workloads.units import GIB, MIB
+from workloads.storage import table_storage
+from workloads.uvm_cache import (FUSED, FUSED_UVM, FUSED_UVM_CACHING, UVM_KERNELS, effective_caching_ratio,
+                                 is_caching_ratio, shard_tiers)
 from workloads.validate import ConfigError
 
 PLANNERS = ("membench", "torchrec")
@@ -50,6 +53,18 @@ def validate_plan_config(plan, device_type: str) -> None:
         raise ConfigError("plan.headroom", plan.headroom, "use a fraction in [0, 1), e.g. 0.1 for 10%")
 
 
+def validate_caching_ratios(cfg) -> None:
+    """plan.caching_ratios: shares of the rows in (0, 1), for UVM-cached tables only."""
+    ratios = list(cfg.plan.caching_ratios)
+    if not ratios:
+        return
+    if not all(is_caching_ratio(r) for r in ratios):
+        raise ConfigError("plan.caching_ratios", ratios, "use shares of the rows in (0, 1), e.g. [0.05,0.1,0.2]")
+    if cfg.sharding.compute_kernel != FUSED_UVM_CACHING:
+        raise ConfigError("plan.caching_ratios", ratios, "cache ratios are for UVM-cached tables: add "
+                          "sharding.compute_kernel=fused_uvm_caching")
+
+
 def place(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int, memory=None) -> Placement:
     """The placement of plan.planner; torchrec's planner with plan.memory_model's memory model (`memory`: a
     `MembenchMemoryModel` built already, reused across world sizes)."""
@@ -62,8 +77,17 @@ def place(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int, memory=N
                               local_world_size=target.ranks_per_node, ddr_cap_bytes=ddr_cap,
                               compute_device=compute_device, memory=memory,
                               compute_kernel=cfg.sharding.compute_kernel, caching_ratio=cfg.sharding.caching_ratio)
-    return place_greedy(spec, world_size, target.capacity_bytes, allow_row_wise=target.device_type == "cuda",
-                        max_shard_fraction=cfg.plan.max_shard_fraction)
+    kernel = greedy_kernel(cfg.sharding.compute_kernel)
+    capacity = (host_memory_per_rank(cfg, target.ranks_per_node) if kernel == FUSED_UVM else target.capacity_bytes)
+    return place_greedy(spec, world_size, capacity, allow_row_wise=target.device_type == "cuda",
+                        max_shard_fraction=cfg.plan.max_shard_fraction, compute_kernel=kernel,
+                        caching_ratio=cfg.sharding.caching_ratio)
+
+
+def greedy_kernel(compute_kernel: str) -> str:
+    """The kernel membench's placement puts every table under: a UVM kernel as asked, else HBM (`auto` and
+    `dense` hold the tables in HBM as `fused` does; membench does not choose kernels per table)."""
+    return compute_kernel if compute_kernel in UVM_KERNELS else FUSED
 
 
 def predict_ranks(cfg, spec: WorkloadSpec, target: PlanTarget, placement: Placement, dry_run: DryRunModel):
@@ -71,7 +95,7 @@ def predict_ranks(cfg, spec: WorkloadSpec, target: PlanTarget, placement: Placem
     calibration = load_calibration(CALIBRATION_DIR, calibration_key(target.device_type, cfg.hardware.name))
     shares = (shares_from_plan(plan_rows_from_placement(placement), spec, placement.world_size,
                                cfg.sharding.caching_ratio)
-              if placement.planner == "torchrec" else shares_from_placement(placement, spec))
+              if placement.planner == "torchrec" else shares_from_placement(placement, spec, cfg.sharding.caching_ratio))
     predictions = predict(spec, shares, calibration.coefficients, dry_run,
                           allocator_settings=allocator_settings_for(cfg.allocator, target.device_type))
     return [add_device_overheads(p, target.device_type, cfg.hardware.non_torch_reserve_mib * MIB)
@@ -191,9 +215,11 @@ def evaluate(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int, dry_r
     mean = statistics.fmean(p.total_bytes for p in predictions)
     host = host_memory(cfg, target, predictions)
     host_error = host_memory_error(host)
+    host_shortfall = max(host["per_node_host_bytes"]) - host["host_capacity_bytes"]
     return {"world_size": world_size, "fits": worst <= budget and host_error is None, "max_rank_bytes": worst,
             "utilization_max": worst / target.capacity_bytes, "utilization_mean": mean / target.capacity_bytes,
-            "shortfall_bytes": max(0, worst - budget), "reason": host_error,
+            "shortfall_bytes": max(0, worst - budget) if worst > budget else max(0, host_shortfall),
+            "reason": host_error,
             "max_node_host_bytes": max(host["per_node_host_bytes"]),
             "binding": None if worst <= budget and host_error is None else ("hbm" if worst > budget else "host")}
 
@@ -202,30 +228,69 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
+def caching_ratios(cfg) -> List[Optional[float]]:
+    """The cache ratios provisioning tries: plan.caching_ratios, else sharding.caching_ratio alone."""
+    return list(cfg.plan.caching_ratios) or [cfg.sharding.caching_ratio]
+
+
+def smallest_world_size(cfg, spec: WorkloadSpec, target: PlanTarget) -> int:
+    """A world size below which nothing can fit, in whole nodes: the tables' HBM part alone (whole shards,
+    each with the fewest cache sets) over the ranks' budget, and their host part over the nodes' host memory.
+    0 where the kernels are the planner's to choose (torchrec's `auto`: tables may go to either memory)."""
+    kernel = cfg.sharding.compute_kernel
+    if cfg.plan.planner == "torchrec" and kernel not in (FUSED, *UVM_KERNELS):
+        return 0
+    ratio = effective_caching_ratio(cfg.sharding.caching_ratio)
+    hbm = host = 0
+    for table in spec.tables:
+        weight, state = table_storage(table, spec.config.embedding_optimizer)
+        tiers = shard_tiers(greedy_kernel(kernel), table.virtual_rows, table.embedding_dim, table.bytes_per_element,
+                            weight, state, ratio)
+        hbm, host = hbm + tiers.hbm_bytes, host + tiers.host_bytes
+    budget = max(1, int(target.capacity_bytes * (1 - cfg.plan.headroom)))
+    host_per_node = max(1, int(cfg.hardware.host_memory_gib * GIB))
+    nodes = max(math.ceil(hbm / budget / target.ranks_per_node), math.ceil(host / host_per_node))
+    return nodes * target.ranks_per_node
+
+
+def provision_point(cfg, target: PlanTarget, on_world_size=None) -> dict:
+    """The smallest world size, in multiples of the ranks per node, that fits `cfg` (one batch size and cache
+    ratio) with plan.headroom free, and the next smaller one tried. The search starts one node below
+    `smallest_world_size`, so that what the next smaller lacks is a measured point, not the bound."""
+    spec = build_spec(cfg.workload)
+    dry_run = dry_run_for(cfg, spec)  # built once, stepped per distinct rank share
+    memory = memory_model_for(cfg, spec, target.device_type)  # likewise (None: torchrec's own model)
+    step = target.ranks_per_node
+    first = max(step, smallest_world_size(cfg, spec, target) - step)
+    previous, chosen = None, None
+    for world_size in range(first, cfg.plan.max_world_size + 1, step):
+        point = evaluate(cfg, spec, target, world_size, dry_run, memory)
+        if on_world_size is not None:
+            on_world_size(cfg.workload.batch_size, point)
+        if point["fits"]:
+            chosen = point
+            break
+        previous = point
+    return {"batch_size": cfg.workload.batch_size, "compute_kernel": cfg.sharding.compute_kernel,
+            "caching_ratio": cfg.sharding.caching_ratio, "search_from": first, "recommended": chosen,
+            "next_smaller": previous}
+
+
 def provision(cfg, target: PlanTarget, progress=_say, on_world_size=None) -> dict:
-    """For each per-rank batch size (plan.batch_sizes, else the workload's): the smallest world size, in
-    multiples of the ranks per node, that fits with plan.headroom free, and what the next smaller lacks.
-    `on_world_size(batch, point)`, when given, hears of every world size tried (progress at TB scale)."""
-    batch_sizes = list(cfg.plan.batch_sizes) or [cfg.workload.batch_size]
+    """For each per-rank batch size (plan.batch_sizes, else the workload's) and each cache ratio
+    (plan.caching_ratios, with fused_uvm_caching): `provision_point`. `on_world_size(batch, point)`, when
+    given, hears of every world size tried (progress at TB scale)."""
     results = []
-    for batch in batch_sizes:
-        workload = copy.deepcopy(cfg.workload)
-        workload.batch_size = batch
-        spec = build_spec(workload)
-        dry_run = dry_run_for(cfg, spec)  # built once per batch size, stepped per distinct rank share
-        memory = memory_model_for(cfg, spec, target.device_type)  # likewise (None: torchrec's own model)
-        previous, chosen = None, None
-        for world_size in range(target.ranks_per_node, cfg.plan.max_world_size + 1, target.ranks_per_node):
-            point = evaluate(cfg, spec, target, world_size, dry_run, memory)
-            if on_world_size is not None:
-                on_world_size(batch, point)
-            if point["fits"]:
-                chosen = point
-                break
-            previous = point
-        results.append({"batch_size": batch, "recommended": chosen, "next_smaller": previous})
-        progress(f"[membench] batch {batch}: " + (f"{chosen['world_size']} ranks" if chosen else
-                                                  f"nothing up to {cfg.plan.max_world_size} ranks fits"))
+    for batch in list(cfg.plan.batch_sizes) or [cfg.workload.batch_size]:
+        for ratio in caching_ratios(cfg):
+            point_cfg = copy.deepcopy(cfg)
+            point_cfg.workload.batch_size, point_cfg.sharding.caching_ratio = batch, ratio
+            row = provision_point(point_cfg, target, on_world_size)
+            results.append(row)
+            chosen = row["recommended"]
+            progress(f"[membench] batch {batch}{'' if ratio is None else f', cache ratio {ratio:g}'}: "
+                     + (f"{chosen['world_size']} ranks" if chosen else
+                        f"nothing up to {cfg.plan.max_world_size} ranks fits"))
     return {"workload": cfg.workload.name, "hardware": cfg.hardware.name, "capacity_bytes": target.capacity_bytes,
             "headroom": cfg.plan.headroom, "ranks_per_node": target.ranks_per_node, "planner": cfg.plan.planner,
-            "results": results}
+            "host_capacity_bytes": int(cfg.hardware.host_memory_gib * GIB), "results": results}

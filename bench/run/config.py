@@ -72,7 +72,7 @@ class ShardingConfig:
     # fused (HBM) | dense | fused_uvm (tables in host memory the GPU reads) | fused_uvm_caching (the same with an
     # HBM cache); UVM kernels need CUDA ranks to run (plan mode takes them anywhere); auto lets the planner pick
     compute_kernel: str = "auto"
-    # fused_uvm_caching: the share of each table's rows its HBM cache holds (torchrec's cache load factor;
+    # fused_uvm_caching: the share of each table's rows its HBM cache holds (torchrec's cache load factor, in (0, 1);
     # null: torchrec's default, 0.2)
     caching_ratio: Optional[float] = None
     # column_wise / table_column_wise: shards at least this many columns wide (torchrec's planner's
@@ -166,6 +166,9 @@ class PlanConfig:
     # Provisioning: largest world size to consider, and per-rank batch sizes to try (empty: the workload's)
     max_world_size: int = 8192
     batch_sizes: List[int] = field(default_factory=list)
+    # Provisioning with sharding.compute_kernel=fused_uvm_caching: cache ratios to try, each a search of its own
+    # (empty: sharding.caching_ratio alone)
+    caching_ratios: List[float] = field(default_factory=list)
 
 
 @dataclass
@@ -198,7 +201,7 @@ class RunConfig:
 HASHED_WHEN_SET = {"pipeline": {"name": "plain"}, "workload.tables_file": None, "workload.generator": "auto",
                    "emulate": {"world_size": None, "rank": "auto"}, "sharding.column_shard_dim": None,
                    "sharding.caching_ratio": None, "allocator.large_segment_size_mb": None, "plan.memory_model": "torchrec",
-                   "plan.reservation_file": None}
+                   "plan.reservation_file": None, "plan.caching_ratios": []}
 
 
 def register_configs() -> None:
