@@ -2,9 +2,12 @@
 or host memory per node), and a search that skips only world sizes that cannot fit."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench.planning import provision as provisioning
+from bench.report.figures.cache_ratio import curves
 from bench.run.config import with_changes
 from bench.run.execute import compose_run_config
 from bench.run.launchspec import resolve_target
@@ -20,7 +23,7 @@ def provision_config(*overrides: str):
     return cfg, resolve_target(cfg, visible_cuda=None)
 
 
-def test_provision_finds_each_cache_ratio_s_world_size_and_what_binds_below_it(monkeypatch):
+def test_provision_finds_each_cache_ratio_s_world_size_and_what_binds_below_it(monkeypatch, tmp_path):
     """A small cache fits the fewest ranks the nodes' host memory allows (host memory binds one node below); a
     large cache needs more ranks for its HBM (HBM binds). Starting the search at the capacity bound gives the
     same answer as trying every world size from one node up."""
@@ -37,6 +40,11 @@ def test_provision_finds_each_cache_ratio_s_world_size_and_what_binds_below_it(m
     assert small["recommended"]["max_node_host_bytes"] <= report["host_capacity_bytes"]
     assert small["recommended"]["world_size"] < large["recommended"]["world_size"]
     assert large["search_from"] > target.ranks_per_node  # the bound skipped world sizes
+    path = tmp_path / "provision.json"  # what report figure 11 reads of it
+    path.write_text(json.dumps(report))
+    cached, _ = curves([path], [])
+    assert [(p["caching_ratio"], p["world_size"], p["limit"]) for p in cached[("tb_1", "h100_80g", "membench", 2048)]] \
+        == [(0.05, small["recommended"]["world_size"], "host"), (0.5, large["recommended"]["world_size"], "hbm")]
     point_cfg = with_changes(cfg)
     point_cfg.sharding.caching_ratio = 0.5
     monkeypatch.setattr(provisioning, "smallest_world_size", lambda *args: 0)

@@ -47,7 +47,7 @@ def test_full_report_figures_and_numbers(tmp_path, capsys):
     out = tmp_path / "rep"
     code, stdout, err = run_report(capsys, root, "--out", out, "--format", "png,svg")
     assert code == 0, err
-    assert "figure 10/10" in stdout and "report.md" in stdout
+    assert "figure 11/11" in stdout and "report.md" in stdout
     for stem in ("fig1_timeline_1", "fig2_breakdown", "fig3_utilization_cdf", "fig4_imbalance", "fig5_oom_frontier_1"):
         assert_figure(out, stem, ("png", "svg"))
     md = (out / "report.md").read_text()
@@ -290,3 +290,34 @@ def test_planner_comparison_figure_draws_the_json_beside_its_runs(tmp_path, caps
     code, _, err = run_report(capsys, root, "--out", out, "--format", "png")
     assert code == 0 and not (out / "fig10_planners_1.png").exists()
     assert "Skipped: no planner comparison among the runs" in (out / "report.md").read_text()
+
+
+def test_cache_ratio_figure_draws_provision_reports_alone(tmp_path, capsys):
+    """Provision reports over cache ratios (no summary.json anywhere) make a report of figure 11: GPUs and
+    utilization per cache ratio, the all-HBM count beside them, which limit bound; a corrupt report is a note."""
+    root = tmp_path / "results"
+
+    def point(world_size, util, binding=None):
+        return {"world_size": world_size, "utilization_max": util, "binding": binding}
+
+    def provision_report(name, rows):
+        (root / name).mkdir(parents=True)
+        (root / name / "provision.json").write_text(json.dumps(
+            {"workload": "tb_10", "hardware": "h100_80g", "planner": "membench", "results": rows}))
+
+    provision_report("a", [{"batch_size": 2048, "compute_kernel": "fused_uvm_caching", "caching_ratio": ratio,
+                            "recommended": point(ws, util), "next_smaller": point(ws - 8, 1.0, binding)}
+                           for ratio, ws, util, binding in ((0.05, 40, 0.44, "host"), (0.3, 64, 0.85, "hbm"))])
+    provision_report("b", [{"batch_size": 2048, "compute_kernel": "auto", "caching_ratio": None,
+                            "recommended": point(192, 0.9), "next_smaller": point(184, 1.0, "hbm")}])
+    (root / "c").mkdir()
+    (root / "c" / "provision.json").write_text("{not json")
+    out = tmp_path / "rep"
+    code, _, err = run_report(capsys, root, "--out", out, "--format", "png")
+    assert code == 0, err
+    assert_figure(out, "fig11_cache_ratio", ("png",))
+    text = (out / "report.md").read_text()
+    rows = table(text, "job", "cache ratio")
+    assert [row[1:] for row in rows] == [["0.05", "40", "44.0 %", "host memory", "192"],
+                                         ["0.3", "64", "85.0 %", "HBM", "192"]]
+    assert "No runs (provision reports only)" in text and "unreadable provision report" in text

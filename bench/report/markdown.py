@@ -88,10 +88,10 @@ def count_by(values: List[str]) -> str:
 
 
 def heading_lines(inputs: Sequence[Path], runs: List[Run], sections: List[Section]) -> List[str]:
-    lines = ["# membench report", "",
-             f"{len(runs)} runs ({count_by([run.s.status for run in runs])}; "
-             f"{count_by([run.s.mode for run in runs])} mode) from "
-             + ", ".join(f"`{p}`" for p in inputs) + ".", "", PREFACE, ""]
+    counted = (f"{len(runs)} runs ({count_by([run.s.status for run in runs])}; "
+               f"{count_by([run.s.mode for run in runs])} mode)" if runs else "No runs (provision reports only)")
+    lines = ["# membench report", "", f"{counted} from " + ", ".join(f"`{p}`" for p in inputs) + ".", "",
+             PREFACE, ""]
     lines += ["## Contents", ""]
     for section in sections:
         state = "" if not section.skipped else " (skipped)"
