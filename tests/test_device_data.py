@@ -19,7 +19,7 @@ from workloads.device_data import (
 )
 from workloads.hashing import splitmix64
 from workloads.ids import to_physical
-from workloads.zipf_law import ZIPF_EXACT_HEAD, mulmod, zipf_rank_to_id, zipf_table
+from workloads.zipf_law import ZIPF_EXACT_HEAD, zipf_rank_to_id, zipf_table
 from workloads.spec import build_spec
 
 FIELDS = ("dense_features", "lengths", "values", "labels")

@@ -24,13 +24,13 @@ def test_the_python_api_as_the_docs_show_it_plans_with_membench_s_prediction():
     """The docs' lines, run as written: the plan they make puts on every rank what membench predicts for it
     (the planner's reservation + its shards' storage == `predict` of the plan at the upper end of its
     interval, on CPU: to the byte but for one byte of rounding per shard)."""
-    from bench.planning.estimate import predict, shares_from_plan
+    from bench.planning.estimate import shares_from_plan
     from bench.planning.torchrec_adapter import describe_plan, quiet_planner
 
     scope: dict = {}
     with quiet_planner():
         exec(compile(doc_snippet(), str(DOC), "exec"), scope)
-    memory, planner, plan = scope["memory"], scope["planner"], scope["plan"]
+    memory, plan = scope["memory"], scope["plan"]
     rows = describe_plan(plan)
     assert {row["table"] for row in rows} == {t.name for t in memory.spec.tables}
     world_size = scope["topology"].world_size
@@ -102,6 +102,7 @@ def test_kernels_membench_does_not_model_keep_torchrec_s_estimate():
             assert shard.storage.hbm == memory.shard_bytes(option.name, option.sharding_type, *shard.size, 2)
 
 
+@pytest.mark.slow  # 12 s of torchrec plans: out of --quick, in the full suite
 def test_plan_with_membench_s_model_predicts_what_run_predicts_for_the_same_plan():
     """`membench plan plan.planner=torchrec plan.memory_model=membench` and the prediction `membench run` makes
     before launch for the plan its ranks will use (the same planner, the same capacity) agree per rank; the
