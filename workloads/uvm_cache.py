@@ -90,12 +90,6 @@ def shard_tiers(kernel: str, rows: int, cols: int, bytes_per_element: int, weigh
                       host_bytes=weight_bytes + optimizer_bytes)
 
 
-def placed_tier_bytes(kernel: str, tiers: ShardTiers) -> int:
-    """The bytes a placer balances a shard by: its HBM bytes, or its host bytes under `fused_uvm`, whose shards
-    keep nothing in HBM (they are placed against the host memory per rank)."""
-    return tiers.host_bytes if kernel == FUSED_UVM else tiers.hbm_bytes
-
-
 def torchrec_cache_bytes(rows: int, weight_bytes: int, optimizer_multiplier: float, caching_ratio: float) -> int:
     """torchrec 1.8's HBM figure for a cached shard (`calculate_shard_storages` without its pipeline I/O): the
     cached share of the weights, that share times its optimizer multiplier, and the bookkeeping."""

@@ -45,8 +45,8 @@ from bench.planning.types import Placement, PlacementError, Shard, capacity_erro
 from workloads.spec import TableSpec, WorkloadSpec
 from workloads.storage import table_storage
 from workloads.units import GIB
-from workloads.uvm_cache import (DEFAULT_CACHING_RATIO, FUSED, FUSED_UVM, FUSED_UVM_CACHING, cached_row_hbm_bytes,
-                                 effective_caching_ratio, placed_tier_bytes, shard_tiers)
+from workloads.uvm_cache import (FUSED, FUSED_UVM, FUSED_UVM_CACHING, cached_row_hbm_bytes, effective_caching_ratio,
+                                 shard_tiers)
 
 # (bytes, table index, row offset, rows): one entry per shard to place
 Item = Tuple[int, int, int, int]
@@ -63,8 +63,7 @@ def _split_rows(rows: int, k: int) -> List[Tuple[int, int]]:
     return blocks
 
 
-def _bytes_per_row(table: TableSpec, embedding_optimizer: str, kernel: str = FUSED,
-                   caching_ratio: float = DEFAULT_CACHING_RATIO) -> int:
+def _bytes_per_row(table: TableSpec, embedding_optimizer: str, kernel: str, caching_ratio: float) -> int:
     """The bytes one row costs in the memory the placement fills (every storage formula is linear in rows):
     weights + optimizer state, in HBM or (`fused_uvm`) in host memory; a cached row's share of its HBM cache
     and bookkeeping, rounded up (fbgemm's whole cache sets are added per shard afterwards)."""
@@ -150,13 +149,12 @@ class _RankTotals:
     optimizer: List[int]
     hbm: List[int]
     host: List[int]
-    placed: List[int]  # in the memory the placement fills (`placed_tier_bytes`)
 
 
 def _shards(tables: List[TableSpec], optimizer: str, placed, world_size: int, kernel: str,
             caching_ratio: float) -> Tuple[List[Shard], _RankTotals]:
     shards: List[Shard] = []
-    totals = _RankTotals(*([0] * world_size for _ in range(5)))
+    totals = _RankTotals(*([0] * world_size for _ in range(4)))
     for i, offset, rows, rank in placed:
         table = tables[i]
         weight, state = table_storage(table, optimizer, rows)
@@ -168,12 +166,12 @@ def _shards(tables: List[TableSpec], optimizer: str, placed, world_size: int, ke
         totals.optimizer[rank] += state
         totals.hbm[rank] += tiers.hbm_bytes
         totals.host[rank] += tiers.host_bytes
-        totals.placed[rank] += placed_tier_bytes(kernel, tiers)
     return shards, totals
 
 
 def _tier(kernel: str, caching_ratio: float) -> Tuple[Optional[str], str]:
-    """(binding, what the bytes are) for a capacity error: HBM, the HBM caches, or host memory."""
+    """(binding, what the bytes are) of the memory the placement fills, for its capacity check and errors: HBM,
+    the HBM caches, or (`fused_uvm`, nothing in HBM) host memory."""
     if kernel == FUSED_UVM:
         return "host", " in host memory (fused_uvm)"
     if kernel == FUSED_UVM_CACHING:
@@ -203,7 +201,7 @@ def place_greedy(spec: WorkloadSpec, world_size: int, capacity_bytes: int, *, al
     target = _fill_target(total, world_size, capacity_bytes, allow_row_wise, balance_tolerance)
     placed, balance_splits = _assign(items, per_row, world_size, target)
     shards, totals = _shards(tables, optimizer, placed, world_size, compute_kernel, ratio)
-    per_rank = totals.placed
+    per_rank = totals.host if binding == "host" else totals.hbm
     overflow = sum(max(0, b - capacity_bytes) for b in per_rank)
     if overflow:
         worst = max(range(world_size), key=per_rank.__getitem__)
@@ -217,4 +215,5 @@ def place_greedy(spec: WorkloadSpec, world_size: int, capacity_bytes: int, *, al
               "fill_target_bytes": target, "shard_budget_bytes": int(budget),
               "capacity_bytes": int(capacity_bytes), "allow_row_wise": allow_row_wise,
               "max_shard_fraction": max_shard_fraction, "balance_tolerance": balance_tolerance,
-              "compute_kernel": compute_kernel, "caching_ratio": ratio if compute_kernel == FUSED_UVM_CACHING else None})
+              "compute_kernel": compute_kernel,
+              "caching_ratio": ratio if compute_kernel == FUSED_UVM_CACHING else None})

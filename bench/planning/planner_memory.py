@@ -10,10 +10,15 @@ from workloads.spec import WorkloadSpec
 from workloads.units import GIB
 
 
+def host_memory_per_node(cfg) -> int:
+    """hardware.host_memory_gib in bytes: a node's host memory, which its ranks' UVM tables share."""
+    return int(cfg.hardware.host_memory_gib * GIB)
+
+
 def host_memory_per_rank(cfg, ranks_per_node: int) -> int:
     """torchrec's `ddr_cap` is per rank (planner/types.py: "ddr_cap_bytes ... per rank"); hardware.host_memory_gib
     is a node's: its share per rank (passed whole, a node of 8 ranks planned UVM with 8x its host memory)."""
-    return int(cfg.hardware.host_memory_gib * GIB) // max(1, ranks_per_node)
+    return host_memory_per_node(cfg) // max(1, ranks_per_node)
 
 
 def planner_memory(cfg, device_type: str, capacity_bytes: int, ranks_per_node: int) -> Tuple[str, Optional[int], int]:

@@ -19,7 +19,7 @@ from bench.planning.dry_run import DryRunModel, dry_run_for
 from bench.planning.estimate import (add_device_overheads, plan_rows_from_placement, predict, shares_from_placement,
                                      shares_from_plan)
 from bench.planning.greedy import place_greedy
-from bench.planning.planner_memory import host_memory_per_rank, memory_model_for, planner_memory
+from bench.planning.planner_memory import host_memory_per_node, host_memory_per_rank, memory_model_for, planner_memory
 from bench.planning.torchrec_adapter import place_torchrec
 from bench.planning.measured_terms import check_reservation_file
 from bench.planning.types import Placement, PlacementError, PlanTarget, RankPrediction, validate_memory_model
@@ -95,7 +95,8 @@ def predict_ranks(cfg, spec: WorkloadSpec, target: PlanTarget, placement: Placem
     calibration = load_calibration(CALIBRATION_DIR, calibration_key(target.device_type, cfg.hardware.name))
     shares = (shares_from_plan(plan_rows_from_placement(placement), spec, placement.world_size,
                                cfg.sharding.caching_ratio)
-              if placement.planner == "torchrec" else shares_from_placement(placement, spec, cfg.sharding.caching_ratio))
+              if placement.planner == "torchrec"
+              else shares_from_placement(placement, spec, cfg.sharding.caching_ratio))
     predictions = predict(spec, shares, calibration.coefficients, dry_run,
                           allocator_settings=allocator_settings_for(cfg.allocator, target.device_type))
     return [add_device_overheads(p, target.device_type, cfg.hardware.non_torch_reserve_mib * MIB)
@@ -147,7 +148,7 @@ def host_memory(cfg, target: PlanTarget, predictions: List[RankPrediction]) -> d
     per_node = [0] * max(1, math.ceil(len(predictions) / target.ranks_per_node))
     for p in predictions:
         per_node[p.rank // target.ranks_per_node] += p.host_bytes
-    return {"per_node_host_bytes": per_node, "host_capacity_bytes": int(cfg.hardware.host_memory_gib * GIB)}
+    return {"per_node_host_bytes": per_node, "host_capacity_bytes": host_memory_per_node(cfg)}
 
 
 def host_memory_error(host: dict) -> Optional[str]:
@@ -202,9 +203,14 @@ def plan(cfg, spec: WorkloadSpec, target: PlanTarget) -> PlanOutcome:
     return judge_plan(cfg, target, predictions, placement, calibration)
 
 
+def rank_budget(cfg, target: PlanTarget) -> int:
+    """What provisioning lets a rank use: its capacity less plan.headroom."""
+    return int(target.capacity_bytes * (1 - cfg.plan.headroom))
+
+
 def evaluate(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int, dry_run: DryRunModel,
              memory=None) -> dict:
-    budget = int(target.capacity_bytes * (1 - cfg.plan.headroom))
+    budget = rank_budget(cfg, target)
     try:
         placement = place(cfg, spec, target, world_size, memory)
     except PlacementError as err:
@@ -218,7 +224,7 @@ def evaluate(cfg, spec: WorkloadSpec, target: PlanTarget, world_size: int, dry_r
     host_shortfall = max(host["per_node_host_bytes"]) - host["host_capacity_bytes"]
     return {"world_size": world_size, "fits": worst <= budget and host_error is None, "max_rank_bytes": worst,
             "utilization_max": worst / target.capacity_bytes, "utilization_mean": mean / target.capacity_bytes,
-            "shortfall_bytes": max(0, worst - budget) if worst > budget else max(0, host_shortfall),
+            "shortfall_bytes": worst - budget if worst > budget else max(0, host_shortfall),
             "reason": host_error,
             "max_node_host_bytes": max(host["per_node_host_bytes"]),
             "binding": None if worst <= budget and host_error is None else ("hbm" if worst > budget else "host")}
@@ -247,8 +253,8 @@ def smallest_world_size(cfg, spec: WorkloadSpec, target: PlanTarget) -> int:
         tiers = shard_tiers(greedy_kernel(kernel), table.virtual_rows, table.embedding_dim, table.bytes_per_element,
                             weight, state, ratio)
         hbm, host = hbm + tiers.hbm_bytes, host + tiers.host_bytes
-    budget = max(1, int(target.capacity_bytes * (1 - cfg.plan.headroom)))
-    host_per_node = max(1, int(cfg.hardware.host_memory_gib * GIB))
+    budget = max(1, rank_budget(cfg, target))
+    host_per_node = max(1, host_memory_per_node(cfg))
     nodes = max(math.ceil(hbm / budget / target.ranks_per_node), math.ceil(host / host_per_node))
     return nodes * target.ranks_per_node
 
@@ -293,4 +299,4 @@ def provision(cfg, target: PlanTarget, progress=_say, on_world_size=None) -> dic
                         f"nothing up to {cfg.plan.max_world_size} ranks fits"))
     return {"workload": cfg.workload.name, "hardware": cfg.hardware.name, "capacity_bytes": target.capacity_bytes,
             "headroom": cfg.plan.headroom, "ranks_per_node": target.ranks_per_node, "planner": cfg.plan.planner,
-            "host_capacity_bytes": int(cfg.hardware.host_memory_gib * GIB), "results": results}
+            "host_capacity_bytes": host_memory_per_node(cfg), "results": results}
