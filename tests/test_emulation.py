@@ -169,15 +169,18 @@ def test_rank_auto_of_a_64_rank_job_runs_the_rank_plan_mode_puts_highest(tmp_pat
 @pytest.mark.slow
 def test_a_pipelined_run_is_rescored_with_its_pipeline(tmp_path):
     """`membench calibrate` re-scores finished runs: a sparse-dist run's batch in flight once went missing
-    there (its held-out error read -4 % while the run's own prediction was 0.05 % off)."""
+    there (its held-out error read -4 % while the run's own prediction was 0.05 % off). And the prediction of
+    a forward peak counts the received ids the pipeline's context keeps through the forward (rank 14 of 16
+    read -3.0 % without them)."""
     from bench.apps.scored_runs import points_from_run_dir
 
-    summary = run_here(tmp_path / "run", "hardware=cpu", "emulate.world_size=2", "emulate.rank=0",
-                       "workload.steps=2", "pipeline=sparse_dist")
+    summary = run_here(tmp_path / "run", "hardware=cpu", "emulate.world_size=16", "emulate.rank=14",
+                       "workload.steps=2", "pipeline=sparse_dist", "workload.pooling.distribution=fixed")
     assert summary["status"] == "ok", summary["error"]
     (point,) = points_from_run_dir(tmp_path / "run", "rank")
-    assert point.fixed == summary["estimate"]["per_rank_fixed"][0]
-    assert abs(summary["estimate"]["error_pct"][0]) <= 0.2, summary["estimate"]["error_pct"]
+    assert point.fixed == summary["estimate"]["per_rank_fixed"][14]
+    assert summary["per_rank"][0]["peak_phase"] == "forward"
+    assert abs(summary["estimate"]["error_pct"][14]) <= 0.05, summary["estimate"]["error_pct"][14]
 
 
 def test_a_rank_whose_share_does_not_fit_the_host_is_refused_naming_the_bytes():

@@ -28,6 +28,10 @@ class PipelineKind:
     # TrainPipelineBase lets go of the batch it trains once its forward is done (the others keep it to the step's
     # end): its ids and lengths are not live in backward
     drops_trained_batch_after_forward: bool = False
+    # the trained batch's input all-to-all ran before its forward (in the pipeline, not in the model): the received
+    # ids, lengths and per-peer splits stay with the pipeline's context while the forward's lookups use their own
+    # (measured: exactly that many bytes more at a forward peak, none at a backward one)
+    holds_received_through_forward: bool = False
     # keyword arguments its constructor gets beyond model, optimizer and device
     options: Tuple[Tuple[str, object], ...] = ()
 
@@ -55,16 +59,17 @@ PIPELINES: Dict[str, PipelineKind] = {kind.name: kind for kind in (
                  "the forward", _per_phase((1, 0), (1, 0), (1, 0), (1, 0)), drops_trained_batch_after_forward=True),
     PipelineKind("sparse_dist", "TrainPipelineSparseDist", None,
                  "the next two batches, and the next batch's distributed KJT (its input all-to-all runs during "
-                 "this step)", _SPARSE_DIST),
+                 "this step)", _SPARSE_DIST, holds_received_through_forward=True),
     PipelineKind("sparse_dist_lite", "TrainPipelineSparseDistLite", None,
                  "the next batch, fetched after backward; its input all-to-all runs in its own step",
-                 _per_phase((0, 0), (0, 0), (0, 0), (1, 0))),
+                 _per_phase((0, 0), (0, 0), (0, 0), (1, 0)), holds_received_through_forward=True),
     # modelled as sparse_dist: the lookups it moves to another stream add no batch
     PipelineKind("fused_sparse_dist", "TrainPipelineFusedSparseDist", _RECORD_STREAM,
-                 "as sparse_dist, with the next batch's embedding lookup on its own stream", _SPARSE_DIST),
+                 "as sparse_dist, with the next batch's embedding lookup on its own stream", _SPARSE_DIST,
+                 holds_received_through_forward=True),
     PipelineKind("semi_sync", "TrainPipelineSemiSync", _RECORD_STREAM,
                  "as sparse_dist, and the next batch's embedding forward (its lookups, a step early; not "
-                 "modelled)", _SPARSE_DIST,
+                 "modelled)", _SPARSE_DIST, holds_received_through_forward=True,
                  # semi-synchronous from the first batch (torchrec's default waits 900 batches: a run would measure
                  # plain sparse_dist steps)
                  options=(("start_batch", 0),)),

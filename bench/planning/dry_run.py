@@ -176,6 +176,8 @@ class DryRunModel:
                 return self._empty(batch * total_dims).view(batch, total_dims).requires_grad_()
         self._sparse_side = sparse_side
         self._hold_in_flight(tracker, "forward", share, world_size)
+        if self.pipeline.holds_received_through_forward:
+            forward_only.extend(self._received(share, world_size))
         logits = self.dlrm(dense, None).squeeze(-1)
         self._sparse_side = None  # its closure holds `kept`: nothing of the step may outlive it
         forward_only.clear()
@@ -223,6 +225,17 @@ class DryRunModel:
                 self._empty(batch * world_size * share.sent_pooling, torch.int64),
                 self._empty(batch * world_size * share.sent_features, torch.int32),
                 self._empty(2 * world_size, torch.int64)]
+
+    def _received(self, share: Optional[RankShare], world_size: int) -> list:
+        """What this rank receives in a batch's input all-to-all: ids, lengths and the int32 splits per peer."""
+        import torch
+
+        if share is None or share.sent_features <= 0:
+            return []
+        batch = self.spec.config.batch_size
+        return [self._empty(batch * world_size * share.sent_pooling, torch.int64),
+                self._empty(batch * world_size * share.sent_features, torch.int32),
+                self._empty(world_size, torch.int32)]
 
     def _hold_in_flight(self, tracker, phase: str, share: Optional[RankShare], world_size: int) -> None:
         """Hold as many batches and distributed KJTs beyond the trained one as the pipeline does in `phase` (the
