@@ -108,15 +108,29 @@ CASES = {  # (overrides, world size, the rank emulated): each a path of its own
 }
 
 
+@pytest.fixture(scope="module")
+def real_job(tmp_path_factory):
+    """The real (torchrun, gloo) run of some overrides, made once per module: (its directory, its summary)."""
+    made = {}
+
+    def run(*overrides: str):
+        if overrides not in made:
+            run_dir = tmp_path_factory.mktemp("real") / "real"
+            made[overrides] = run_dir, run_here(run_dir, *overrides)
+        return made[overrides]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
-def test_an_emulated_rank_measures_what_that_rank_of_the_real_job_measures(tmp_path, case):
+def test_an_emulated_rank_measures_what_that_rank_of_the_real_job_measures(tmp_path, case, real_job):
     """Fixed pooling: what every peer sends has the size the plan and the batch fix, so rank R alone, its
     peers answered with its own data, holds exactly the bytes rank R of the real gloo job does (and, on the
     simulated GPU, reserves what it does)."""
     overrides, world_size, rank = CASES[case]
     common = [*overrides, "workload.pooling.distribution=fixed"]
-    real = run_here(tmp_path / "real", *common)
+    real_dir, real = real_job(*common)
     assert real["status"] == "ok" and real["emulated"] is None, real["error"]
     assert real["world_size"] == world_size
     emulated = run_here(tmp_path / "rank", *common, f"emulate.world_size={world_size}", f"emulate.rank={rank}")
@@ -131,7 +145,7 @@ def test_an_emulated_rank_measures_what_that_rank_of_the_real_job_measures(tmp_p
     run_dir = tmp_path / "rank"
     assert (run_dir / f"rank{rank}.json").exists() and len(list(run_dir.glob("rank*.json"))) == 1
     # the same plan as the real job's rank 0 broadcast, made locally
-    assert (run_dir / "sharding_plan.json").read_text() == (tmp_path / "real" / "sharding_plan.json").read_text()
+    assert (run_dir / "sharding_plan.json").read_text() == (real_dir / "sharding_plan.json").read_text()
     assert "step " in (run_dir / "launcher.log").read_text()
     config = (run_dir / "config.yaml").read_text()
     assert f"world_size: {world_size}" in config and f"rank: '{rank}'" in config
@@ -227,13 +241,14 @@ def test_a_column_shard_dim_below_one_is_refused():
 
 
 @pytest.mark.slow
-def test_a_sweep_over_the_ranks_reads_as_the_job_it_emulates(tmp_path, cli):
+def test_a_sweep_over_the_ranks_reads_as_the_job_it_emulates(tmp_path, cli, real_job):
     """`-m emulate.rank=0,1,2,3`: one process per rank; export (and the report) see one 4-rank job, whose
     ranks and imbalance are the real 4-process job's."""
     from bench.report.frame import load_frame
 
-    common = [*UNEVEN, "sharding=table_wise", "workload.pooling.distribution=fixed"]
-    real = run_here(tmp_path / "real", *common)
+    # the real job of the table-wise case above (made once for both)
+    common = [*CASES["torchrec table-wise, uneven"][0], "workload.pooling.distribution=fixed"]
+    real_dir, real = real_job(*common)
     sweep = cli("-m", *common, "emulate.world_size=4", "emulate.rank=0,1,2,3")
     assert sweep.returncode == 0, sweep.output
     frame = load_frame(sweep.results_dir)
@@ -247,7 +262,7 @@ def test_a_sweep_over_the_ranks_reads_as_the_job_it_emulates(tmp_path, cli):
     sweep_dir = next(sweep.results_dir.rglob("sweep.json")).parent
     for other, ranks in ((sweep_dir, "0123"), (sweep_dir / "2", "2")):
         said = io.StringIO()
-        assert compare_paths(tmp_path / "real", other, 0.0, said) == 0, said.getvalue()
+        assert compare_paths(real_dir, other, 0.0, said) == 0, said.getvalue()
         compared = sorted(line.split()[1] for line in said.getvalue().splitlines()
                           if line.split()[2:3] == ["peak_bytes"])
         assert compared == list(ranks), said.getvalue()
