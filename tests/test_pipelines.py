@@ -146,3 +146,29 @@ def test_pipeline_kind_records_are_complete():
         assert isinstance(kind, PipelineKind) and kind.holds
         assert set(kind.held_by_phase) == {"input", "forward", "backward", "optimizer"}
     assert with_changes(compose_run_config([]), mode="plan").pipeline.name == "plain"
+
+
+def test_torchrec_permutes_the_input_features_unless_its_shardings_keep_the_batch_s_order():
+    """torchrec 1.8 (`_create_input_dist`): the features in its shardings' order (per sharding type, rank by
+    rank, once per shard) against the batch's; only a permute makes the send copy the pipelines hold."""
+    from bench.planning.estimate import input_features_permuted
+    from workloads.config import WorkloadConfig
+    from workloads.spec import build_spec
+
+    spec = build_spec(WorkloadConfig(num_tables=3))
+    names = [t.name for t in spec.tables]
+
+    def rows(*placed):
+        return [{"table": name, "sharding_type": kind, "shards": [{"rank": r} for r in ranks]}
+                for name, (kind, ranks) in zip(names, placed)]
+
+    tw = "table_wise"
+    assert not input_features_permuted(rows((tw, [0]), (tw, [0]), (tw, [2])), spec, 4)  # in rank order
+    assert input_features_permuted(rows((tw, [1]), (tw, [0]), (tw, [2])), spec, 4)
+    assert input_features_permuted(rows(("column_wise", [0, 1]), (tw, [2]), (tw, [3])), spec, 4)  # twice
+    assert not input_features_permuted(rows(("column_wise", [0]), ("column_wise", [1]), ("column_wise", [1])),
+                                       spec, 2)
+    # data-parallel first, then table-wise: grouped by type where each type's first table is
+    assert not input_features_permuted(rows(("data_parallel", []), (tw, [0]), (tw, [1])), spec, 2)
+    assert input_features_permuted(rows((tw, [0]), ("data_parallel", []), (tw, [1])), spec, 2)
+    assert input_features_permuted(rows(("row_wise", [0, 1]), (tw, [0]), (tw, [1])), spec, 2)  # not modelled

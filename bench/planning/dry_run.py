@@ -211,8 +211,9 @@ class DryRunModel:
 
     def _distributed_kjt(self, share: Optional[RankShare], world_size: int) -> list:
         """A batch's input all-to-all: the send copy of this rank's ids and lengths of the sharded tables (grouped
-        by destination), what it receives for the shards it looks up, and the splits (lengths and values per
-        peer); nothing when every table is data-parallel (no all-to-all)."""
+        by destination; none when the plan needs no permute: the batch's own tensors are sent), what it receives
+        for the shards it looks up, and the splits (lengths and values per peer); nothing when every table is
+        data-parallel (no all-to-all)."""
         import torch
 
         batch = self.spec.config.batch_size
@@ -221,10 +222,11 @@ class DryRunModel:
         sent_features = len(self.spec.tables) - share.replicated_features
         if sent_features <= 0:
             return []
-        return [self._empty(batch * sent_pooling, torch.int64), self._empty(batch * sent_features, torch.int32),
-                self._empty(batch * world_size * share.sent_pooling, torch.int64),
-                self._empty(batch * world_size * share.sent_features, torch.int32),
-                self._empty(2 * world_size, torch.int64)]
+        send_copy = [self._empty(batch * sent_pooling, torch.int64),
+                     self._empty(batch * sent_features, torch.int32)] if share.input_permuted else []
+        return send_copy + [self._empty(batch * world_size * share.sent_pooling, torch.int64),
+                            self._empty(batch * world_size * share.sent_features, torch.int32),
+                            self._empty(2 * world_size, torch.int64)]
 
     def _received(self, share: Optional[RankShare], world_size: int) -> list:
         """What this rank receives in a batch's input all-to-all: ids, lengths and the int32 splits per peer."""

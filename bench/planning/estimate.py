@@ -45,9 +45,33 @@ def shares_from_plan(plan_rows: List[dict], spec: WorkloadSpec, world_size: int,
             rows, cols = shard["sizes"]
             add_sharded_table(shares[shard["rank"]], table, rows, cols, spec.config.embedding_optimizer,
                               row.get("compute_kernel", FUSED), caching_ratio)
+    permuted = input_features_permuted(plan_rows, spec, world_size)
     for share, groups in zip(shares, pooled_groups(plan_rows, spec, world_size)):
-        share.pooled_groups = groups
+        share.pooled_groups, share.input_permuted = groups, permuted
     return shares
+
+
+# the sharding types whose input dist sends each table's features to the ranks of its shards, rank by rank
+PER_RANK_FEATURES = ("table_wise", "column_wise", "table_column_wise")
+
+
+def input_features_permuted(plan_rows: List[dict], spec: WorkloadSpec, world_size: int) -> bool:
+    """Whether torchrec's sharded EmbeddingBagCollection permutes the batch's features before its input dist:
+    unless its shardings' feature names (per sharding type, where its first table is; table- and column-wise
+    ones rank by rank, a feature once per shard) are the batch's own order (torchrec 1.8 `_create_input_dist`)."""
+    sharding_of = {row["table"]: row for row in plan_rows}
+    kinds = list(dict.fromkeys(sharding_of[t.name]["sharding_type"] for t in spec.tables))
+    names: List[str] = []
+    for kind in kinds:
+        tables = [t for t in spec.tables if sharding_of[t.name]["sharding_type"] == kind]
+        if kind == DATA_PARALLEL:
+            names += [t.feature_name for t in tables]
+        elif kind in PER_RANK_FEATURES:
+            names += [t.feature_name for rank in range(world_size) for t in tables
+                      for shard in sharding_of[t.name]["shards"] if shard["rank"] == rank]
+        else:
+            return True  # row-wise and the hierarchical types: not modelled, torchrec's general case assumed
+    return names != [t.feature_name for t in spec.tables]
 
 
 def plan_rows_from_placement(placement) -> List[dict]:
@@ -146,7 +170,7 @@ def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[
     for rank, share in enumerate(shares):
         features = features_for_rank(spec, share, world_size)
         key = (share.sent_dims, round(share.sent_pooling, 3), share.sent_features, round(share.replicated_pooling, 3),
-               share.replicated_features, tuple(share.pooled_groups))
+               share.replicated_features, tuple(share.pooled_groups), share.input_permuted)
         if key not in runs:
             runs[key] = model.run(share, world_size, record_allocations=allocator_settings is not None)
         run = runs[key]

@@ -201,6 +201,9 @@ class RankShare:
     # per sharding type, in torchrec's order; empty: one all-to-all of the sharded tables, then the
     # data-parallel ones (a share not read from a torchrec plan)
     pooled_groups: List[PooledGroup] = field(default_factory=list)
+    # the job's (every rank's alike): whether torchrec reorders the input features by destination before the
+    # input all-to-all, into a copy of the batch's ids and lengths (False: it sends the batch's own tensors)
+    input_permuted: bool = True
 
 
 @dataclass
