@@ -186,3 +186,19 @@ def test_the_native_prediction_of_a_64_rank_job_is_exact_with_fixed_pooling(tmp_
     (rank,) = summary["per_rank"]
     predicted = summary["estimate"]["per_rank_peak"][rank["rank"]]
     assert abs(predicted - rank["peak_bytes"]) <= 64, (predicted, rank["peak_bytes"])
+
+
+@pytest.mark.slow
+def test_the_simulated_gpu_prediction_of_a_256_rank_job_has_its_allocators_overhead(tmp_path):
+    """On a simulated H100 the dry run's allocation stream is replayed through the allocator model; it follows
+    a real rank's order (tables after the dense parameters, the gradients in one DDP bucket, the received ids
+    held into the next step, the lookups' gradient freed once the all-to-all's backward lets go). When it did
+    not, rank 0 of 256 read -5.6 % (allocator overhead 92.1 MiB measured, 15.7 MiB predicted)."""
+    summary = run_here(tmp_path / "run", "workload=small", "hardware=h100_80g", "hardware.simulate=true",
+                       "emulate.world_size=256", "emulate.rank=0", "workload.steps=2")
+    assert summary["status"] == "ok", summary["error"]
+    (rank,) = summary["per_rank"]
+    predicted = summary["estimate"]["per_rank_breakdown"][0]["allocator_overhead"]
+    measured = rank["breakdown"]["allocator_overhead"]
+    assert abs(predicted - measured) <= 0.05 * measured, (predicted, measured)
+    assert abs(summary["estimate"]["error_pct"][0]) <= 0.5, summary["estimate"]["error_pct"][0]

@@ -22,14 +22,20 @@ from workloads.units import UNBOUNDED_BYTES
 REPLICATED_CATEGORIES = ("embedding_weights", "embedding_grads", "embedding_optimizer")
 
 
-def keep_gradients(tracker, params, category: str) -> None:
+def keep_gradients(tracker, params, category: str, one_bucket: bool = False) -> None:
     """Give `params` persistent gradients, as DDP's buckets are (gradient_as_bucket_view): allocated once and
     kept, backward adds into them, counted under `category`. Gradients made anew in every backward would
-    count the layers already done twice at a backward peak."""
+    count the layers already done twice at a backward peak. `one_bucket`: views of one flat tensor, as DDP
+    keeps a dense arch's gradients (one allocation, as the caching allocator sees it)."""
     import torch
 
     with tracker:
         tracker.category = category
+        if one_bucket and params and all(param.grad is None for param in params):
+            flat = torch.zeros(sum(param.numel() for param in params), dtype=params[0].dtype,
+                               device=params[0].device)
+            for param, part in zip(params, flat.split([param.numel() for param in params])):
+                param.grad = part.view_as(param)
         for param in params:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
@@ -53,6 +59,9 @@ class DenseDryRun:
     in_flight_bytes: int = 0  # a train pipeline's batches held beyond the one trained, at the peak
     # for a GPU: the dry run's mallocs and frees, in order, to replay through the caching allocator model
     allocations: Optional[AllocationStream] = None
+    # how many of them allocate the dense parameters: a rank places its tables after those (torchrec shards
+    # the tables of a model built with its dense part), which the allocator's pools depend on
+    params_events: int = 0
 
 
 class DryRunModel:
@@ -72,6 +81,7 @@ class DryRunModel:
         # what the pipeline holds now: whole batches, and distributed KJTs (tensors each), oldest first
         self._held_batches: list = []
         self._held_dists: list = []
+        self._previous_received: list = []  # the last step's received ids and offsets (see _sparse_forward)
         cfg = spec.config
         # the tables are replaced below: they need no optimizer (1,000 of them take 0.4 s to attach one to)
         self.dlrm = build_model(spec, self.meta, embedding_optimizer_attached=False).model
@@ -114,12 +124,14 @@ class DryRunModel:
                 self._step(tracker, share, world_size, replicated)
             self._held_batches.clear()
             self._held_dists.clear()
+            self._previous_received.clear()
         # the replicated tables, their gradient buckets and optimizer state are in the plan's share already
         replicated_bytes = sum(tracker.by_category.get(category, 0) for category in REPLICATED_CATEGORIES)
         return DenseDryRun(params_bytes=tracker.by_category.get("dense_params", 0),
                            optimizer_bytes=tracker.by_category.get("dense_optimizer", 0),
                            peak_bytes=tracker.peak_bytes - replicated_bytes, allocations=allocations,
-                           grads_bytes=tracker.by_category.get("dense_grads", 0), in_flight_bytes=in_flight_at_peak)
+                           grads_bytes=tracker.by_category.get("dense_grads", 0), in_flight_bytes=in_flight_at_peak,
+                           params_events=self._params_events)
 
     def _replicated_optimizer(self, tracker, share: Optional[RankShare]):
         """The data-parallel tables as meta parameters with persistent gradients (DDP's buckets) and the dense
@@ -133,7 +145,8 @@ class DryRunModel:
         cfg = self.spec.config
         with tracker:
             tracker.category = "embedding_weights"
-            params = [torch.nn.Parameter(torch.empty(rows, dim, device=self.meta)) for rows, dim in share.replicated_tables]
+            params = [torch.nn.Parameter(torch.empty(rows, dim, device=self.meta))
+                      for rows, dim in share.replicated_tables]
         keep_gradients(tracker, params, "embedding_grads")
         return dense_optimizer_class(cfg.dense_optimizer)(params, lr=cfg.dense_lr)
 
@@ -143,8 +156,9 @@ class DryRunModel:
         tracker = LiveTensorTracker(self.meta, capacity_bytes=UNBOUNDED_BYTES, rank=0, allocator=allocator,
                                     on_new_peak=on_new_peak)
         tracker.track_tensors(self.params, "dense_params")
+        self._params_events = len(allocator.events) if allocator is not None else 0
         track_optimizer_state(tracker, self.optimizer, "dense_optimizer")
-        keep_gradients(tracker, self.params, "dense_grads")
+        keep_gradients(tracker, self.params, "dense_grads", one_bucket=True)
         return tracker
 
     def _empty(self, n, dtype=None):
@@ -168,7 +182,7 @@ class DryRunModel:
             kept.append(self._ids())
 
             def sparse_side():
-                pooled, step_lived = self._sparse_forward(share, world_size, held, forward_only)
+                pooled, step_lived = self._sparse_forward(share, world_size, held)
                 kept.append(step_lived)
                 return pooled
         else:
@@ -202,7 +216,9 @@ class DryRunModel:
 
         batch = self.spec.config.batch_size
         total_pooling = sum(t.pooling_mean for t in self.spec.tables)
-        return [self._empty(batch * total_pooling, torch.int64), self._empty(len(self.dims) * batch, torch.int32)]
+        # lengths first, as the data stream makes them (a list frees its items last to first: the ids first)
+        lengths = self._empty(len(self.dims) * batch, torch.int32)
+        return [lengths, self._empty(batch * total_pooling, torch.int64)]
 
     def _batch(self) -> list:
         """One whole batch as the data stream makes it: ids, lengths, dense features, labels."""
@@ -218,7 +234,7 @@ class DryRunModel:
 
         batch = self.spec.config.batch_size
         share = share or RankShare()
-        sent_pooling = sum(t.pooling_mean for t in self.spec.tables) - share.replicated_pooling
+        sent_pooling = self._sharded_pooling(share)
         sent_features = len(self.spec.tables) - share.replicated_features
         if sent_features <= 0:
             return []
@@ -251,38 +267,57 @@ class DryRunModel:
                 held.append(make())
         tracker.category = previous
 
-    def _sparse_forward(self, share: RankShare, world_size: int, held: list, forward_only: list):
+    def _sparse_forward(self, share: RankShare, world_size: int, held: list):
         """The rank's sparse side: returns the pooled embeddings the dense part consumes (handed to the sparse
-        arch) and what stays alive until the step ends (the received ids and the lookup kernel's offsets)."""
+        arch) and what stays alive until the step ends (nothing: what the fused backward keeps, the received ids
+        and the lookup kernel's offsets, lives on until this point of the next step, as torchrec's context holds
+        it). Allocated and freed in the order a real rank's stream shows (the allocator's pools depend on it)."""
         import torch
 
         batch = self.spec.config.batch_size
         received = batch * world_size * share.sent_features  # the bags this rank's lookups serve
-        # the received ids and the lookup kernel's int64 offsets: kept for the fused backward; the received
-        # lengths and the KJT's own int32 offsets only until the forward ends (`forward_only`)
-        kept = [self._empty(batch * world_size * share.sent_pooling, torch.int64),
-                self._empty(received + 1, torch.int64)]
-        forward_only.extend([self._empty(received, torch.int32), self._empty(received + 1, torch.int32)])
+        ids = batch * world_size * share.sent_pooling
+        # the input all-to-all: the permuted send copy of the batch's ids, the received lengths and ids; the
+        # KJT the lookups get copies them (the all-to-all's outputs and the send copy go)
+        sharded_features = len(self.spec.tables) - share.replicated_features
+        send_copy = [self._empty(batch * sharded_features, torch.int32),
+                     self._empty(batch * self._sharded_pooling(share), torch.int64)] if share.input_permuted else []
+        lengths, output = self._empty(received, torch.int32), self._empty(ids, torch.int64)
+        lookups_only = [self._empty(received, torch.int32)]  # the KJT's lengths, then its int32 offsets
+        kept_ids = self._empty(ids, torch.int64)
+        del output, lengths, send_copy
+        lookups_only.append(self._empty(received + 1, torch.int32))
+        # the last step's go now, ids first (a list frees its items last to first)
+        self._previous_received = [self._empty(received + 1, torch.int64), kept_ids]  # the kernel's offsets, ids
+        del kept_ids
         outputs = [self._pooled_group(group, world_size, held, share) for group in groups_of(share, sum(self.dims))]
         # torchrec concatenates the groups' pooled values (one group: handed on as they are)
         pooled = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
-        del outputs
-        return pooled, kept
+        del outputs, lookups_only  # the received KJT's lengths and int32 offsets go once the lookups are done
+        return pooled, []
+
+    def _sharded_pooling(self, share: RankShare) -> float:
+        """Mean ids per sample of the tables that cross the input all-to-all (all but the data-parallel ones)."""
+        return sum(t.pooling_mean for t in self.spec.tables) - share.replicated_pooling
 
     def _pooled_group(self, group: PooledGroup, world_size: int, held: list, share: RankShare):
         """One group's lookups and its all-to-all (a data-parallel group: its local lookups alone), as the
         pooled values the rank gets back for its batch."""
         batch = self.spec.config.batch_size
         sent = int(batch * world_size * group.sent_dims)
+        # in torchrec's order (the allocator's pools depend on it): the lookups, the receive buffer, the send copy
+        # registered for the collective; the send copy goes once the collective is done, then the lookups
         lookups = self._empty(sent)
-        send_copy, received = self._empty(sent), self._empty(batch * group.dims)  # registered copy, receive buffer
-        del lookups
+        received = self._empty(batch * group.dims)
+        send_copy = self._empty(sent)
+        del send_copy, lookups
         # received is the output of torchrec's all-to-all, not a leaf (a leaf would live on in its AccumulateGrad
         # node until backward ends): the gradient flows to an empty leaf instead
         anchor = self._empty(0).requires_grad_()
-        pooled = self._all_to_all(group, sent, held, share).apply(anchor, received)
-        del send_copy  # freed once the collective is done
-        return pooled
+        # the lookups' gradient goes once the all-to-all's backward has let go of its input (the fused backward
+        # consumes it next): when the anchor's gradient arrives
+        anchor.register_hook(lambda grad: held.clear())
+        return self._all_to_all(group, sent, held, share).apply(anchor, received)
 
     def _all_to_all(self, group: PooledGroup, sent: int, held: list, share: RankShare):
         """A group's pooled all-to-all as an autograd function whose backward allocates what torchrec's does:
@@ -295,7 +330,8 @@ class DryRunModel:
         class AllToAll(torch.autograd.Function):
             @staticmethod
             def forward(ctx, anchor, received):
-                return received.view(batch, group.dims)
+                # the awaitable's wait hands on a new tensor (its receive buffer goes)
+                return torch.empty((batch, group.dims), device=received.device)
 
             @staticmethod
             def backward(ctx, grad):
@@ -304,8 +340,13 @@ class DryRunModel:
                     replicated = empty(share.grad_bytes // 4)
                     del replicated
                     return empty(0), None
-                registered = empty(grad.numel())  # the gradient's send copy, freed once the collective is done
-                held.append(empty(sent))           # the lookups' gradient, until the fused backward consumed it
+                # the KeyedTensor's backward: the gradient split per feature, then concatenated into the send
+                # copy registered for the collective (freed once it is done)
+                dims = self.dims if group.dims == sum(self.dims) else [group.dims]
+                parts = [empty(batch * dim) for dim in dims]
+                registered = empty(grad.numel())
+                del parts
+                held.append(empty(sent))  # the lookups' gradient
                 del registered
                 return empty(0), None
 

@@ -193,7 +193,8 @@ def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[
             tables = (share.weight_bytes, share.optimizer_bytes, share.grad_bytes,
                       *(b for b in (share.cache_bytes, share.cache_state_bytes) if b))  # the cache: allocator-held
             if (key, tables) not in overheads:  # ranks alike replay once: a plan may have thousands
-                overheads[key, tables] = allocator_overhead(run.allocations, tables, allocator_settings)
+                overheads[key, tables] = allocator_overhead(run.allocations, tables, allocator_settings,
+                                                            run.params_events)
             breakdown["allocator_overhead"] = overheads[key, tables]
         predictions.append(RankPrediction(rank, sum(breakdown.values()), breakdown, features, share.host_bytes))
     return predictions
@@ -205,12 +206,13 @@ def predict(spec: WorkloadSpec, shares: Sequence[RankShare], coefficients: Dict[
 GPU_ALLOCATOR_OVERHEAD_FRACTION = 0.05
 
 
-def allocator_overhead(allocations: AllocationStream, tables: Sequence[int], settings) -> int:
-    """What the caching allocator reserves beyond the tensors on a rank: its tables (weights, optimizer state,
-    replicated gradients: one tensor each, as fbgemm keeps a group of tables in one, allocated at build) and
-    then the dry run's stream, replayed through the model; one dry run serves every rank with the same
-    sparse shape, whatever its tables weigh."""
-    return replay(allocations.events, settings, before=tables).overhead_bytes
+def allocator_overhead(allocations: AllocationStream, tables: Sequence[int], settings, params_events: int = 0) -> int:
+    """What the caching allocator reserves beyond the tensors on a rank: the dry run's stream replayed through
+    the model, with the rank's tables (weights, optimizer state, replicated gradients: one tensor each, as
+    fbgemm keeps a group of tables in one, allocated at build) placed after its first `params_events` (the
+    dense parameters, built first); one dry run serves every rank with the same sparse shape, whatever its
+    tables weigh."""
+    return replay(allocations.events, settings, before=tables, before_at=params_events).overhead_bytes
 
 
 def shares_from_placement(placement, spec: WorkloadSpec, caching_ratio: Optional[float] = None) -> List[RankShare]:

@@ -57,15 +57,22 @@ class ReplayPeaks:
 
 
 def replay(events: Iterable[Event], settings: AllocatorSettings, before: Iterable[int] = (),
-           capacity_bytes: int = UNBOUNDED_BYTES) -> ReplayPeaks:
-    """Replay `events` through a fresh model, after allocating the (never freed) sizes in `before`."""
+           capacity_bytes: int = UNBOUNDED_BYTES, before_at: int = 0) -> ReplayPeaks:
+    """Replay `events` through a fresh model, allocating the (never freed) sizes in `before` after the first
+    `before_at` events (0: before them all)."""
     model = CachingAllocatorModel(capacity_bytes, settings, trace_max_entries=0)
+    events = list(events)
+    _apply(model, events[:before_at])
     for index, nbytes in enumerate(before):
         if nbytes:
             model.malloc(nbytes, ("before", index))
+    _apply(model, events[before_at:])
+    return ReplayPeaks.from_stats(model.memory_stats())
+
+
+def _apply(model: CachingAllocatorModel, events: Iterable[Event]) -> None:
     for key, nbytes in events:
         if nbytes is None:
             model.free(key)
         else:
             model.malloc(nbytes, key)
-    return ReplayPeaks.from_stats(model.memory_stats())
