@@ -117,7 +117,7 @@ class DryRunModel:
                 in_flight_at_peak = tracker.by_category.get(IN_FLIGHT, 0)
 
         tracker = None
-        tracker = self._tracker(allocations, on_new_peak)
+        tracker, params_events = self._tracker(allocations, on_new_peak)
         replicated = self._replicated_optimizer(tracker, share)
         with tracker:
             for _ in range(steps):
@@ -131,7 +131,7 @@ class DryRunModel:
                            optimizer_bytes=tracker.by_category.get("dense_optimizer", 0),
                            peak_bytes=tracker.peak_bytes - replicated_bytes, allocations=allocations,
                            grads_bytes=tracker.by_category.get("dense_grads", 0), in_flight_bytes=in_flight_at_peak,
-                           params_events=self._params_events)
+                           params_events=params_events)
 
     def _replicated_optimizer(self, tracker, share: Optional[RankShare]):
         """The data-parallel tables as meta parameters with persistent gradients (DDP's buckets) and the dense
@@ -151,15 +151,17 @@ class DryRunModel:
         return dense_optimizer_class(cfg.dense_optimizer)(params, lr=cfg.dense_lr)
 
     def _tracker(self, allocator=None, on_new_peak=None):
+        """The live-tensor tracker of a dry run, holding the dense part's parameters, optimizer state and
+        gradient buckets; and how many of `allocator`'s events allocate the parameters."""
         from bench.accounting.live_tensors import LiveTensorTracker
 
         tracker = LiveTensorTracker(self.meta, capacity_bytes=UNBOUNDED_BYTES, rank=0, allocator=allocator,
                                     on_new_peak=on_new_peak)
         tracker.track_tensors(self.params, "dense_params")
-        self._params_events = len(allocator.events) if allocator is not None else 0
+        params_events = len(allocator.events) if allocator is not None else 0
         track_optimizer_state(tracker, self.optimizer, "dense_optimizer")
         keep_gradients(tracker, self.params, "dense_grads", one_bucket=True)
-        return tracker
+        return tracker, params_events
 
     def _empty(self, n, dtype=None):
         import torch
@@ -175,16 +177,14 @@ class DryRunModel:
         self._hold_in_flight(tracker, "input", share, world_size)
         tracker.category = "activations"
         dense, labels = self._empty(batch * cfg.num_dense_features).view(batch, -1), self._empty(batch)
-        held: list = []  # what the backward all-to-all allocates, until the step's backward is over
-        kept: list = []  # what the sparse side keeps until the step ends (the trained batch's ids first)
+        held: list = []  # the lookups' gradient a backward all-to-all allocates, until the anchor's hook
+        kept: list = []  # the trained batch's ids and lengths, until the step ends
         forward_only: list = []  # what it keeps until the forward ends
         if share is not None:
             kept.append(self._ids())
 
             def sparse_side():
-                pooled, step_lived = self._sparse_forward(share, world_size, held)
-                kept.append(step_lived)
-                return pooled
+                return self._sparse_forward(share, world_size, held)
         else:
             def sparse_side():
                 return self._empty(batch * total_dims).view(batch, total_dims).requires_grad_()
@@ -234,15 +234,12 @@ class DryRunModel:
 
         batch = self.spec.config.batch_size
         share = share or RankShare()
-        sent_pooling = self._sharded_pooling(share)
-        sent_features = len(self.spec.tables) - share.replicated_features
+        sent_pooling, sent_features = self._sharded_pooling(share), self._sharded_features(share)
         if sent_features <= 0:
             return []
         send_copy = [self._empty(batch * sent_pooling, torch.int64),
                      self._empty(batch * sent_features, torch.int32)] if share.input_permuted else []
-        return send_copy + [self._empty(batch * world_size * share.sent_pooling, torch.int64),
-                            self._empty(batch * world_size * share.sent_features, torch.int32),
-                            self._empty(2 * world_size, torch.int64)]
+        return send_copy + self._received_ids(share, world_size) + [self._empty(2 * world_size, torch.int64)]
 
     def _received(self, share: Optional[RankShare], world_size: int) -> list:
         """What this rank receives in a batch's input all-to-all: ids, lengths and the int32 splits per peer."""
@@ -250,10 +247,15 @@ class DryRunModel:
 
         if share is None or share.sent_features <= 0:
             return []
+        return self._received_ids(share, world_size) + [self._empty(world_size, torch.int32)]
+
+    def _received_ids(self, share: RankShare, world_size: int) -> list:
+        """The ids and lengths a batch's input all-to-all brings this rank for the shards it looks up."""
+        import torch
+
         batch = self.spec.config.batch_size
         return [self._empty(batch * world_size * share.sent_pooling, torch.int64),
-                self._empty(batch * world_size * share.sent_features, torch.int32),
-                self._empty(world_size, torch.int32)]
+                self._empty(batch * world_size * share.sent_features, torch.int32)]
 
     def _hold_in_flight(self, tracker, phase: str, share: Optional[RankShare], world_size: int) -> None:
         """Hold as many batches and distributed KJTs beyond the trained one as the pipeline does in `phase` (the
@@ -268,10 +270,10 @@ class DryRunModel:
         tracker.category = previous
 
     def _sparse_forward(self, share: RankShare, world_size: int, held: list):
-        """The rank's sparse side: returns the pooled embeddings the dense part consumes (handed to the sparse
-        arch) and what stays alive until the step ends (nothing: what the fused backward keeps, the received ids
-        and the lookup kernel's offsets, lives on until this point of the next step, as torchrec's context holds
-        it). Allocated and freed in the order a real rank's stream shows (the allocator's pools depend on it)."""
+        """The rank's sparse side: the pooled embeddings the dense part consumes (handed to the sparse arch). What
+        the fused backward keeps, the received ids and the lookup kernel's offsets, lives on until this point of
+        the next step, as torchrec's context holds it. Allocated and freed in the order a real rank's stream shows
+        (the allocator's pools depend on it)."""
         import torch
 
         batch = self.spec.config.batch_size
@@ -279,8 +281,7 @@ class DryRunModel:
         ids = batch * world_size * share.sent_pooling
         # the input all-to-all: the permuted send copy of the batch's ids, the received lengths and ids; the
         # KJT the lookups get copies them (the all-to-all's outputs and the send copy go)
-        sharded_features = len(self.spec.tables) - share.replicated_features
-        send_copy = [self._empty(batch * sharded_features, torch.int32),
+        send_copy = [self._empty(batch * self._sharded_features(share), torch.int32),
                      self._empty(batch * self._sharded_pooling(share), torch.int64)] if share.input_permuted else []
         lengths, output = self._empty(received, torch.int32), self._empty(ids, torch.int64)
         lookups_only = [self._empty(received, torch.int32)]  # the KJT's lengths, then its int32 offsets
@@ -294,11 +295,15 @@ class DryRunModel:
         # torchrec concatenates the groups' pooled values (one group: handed on as they are)
         pooled = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         del outputs, lookups_only  # the received KJT's lengths and int32 offsets go once the lookups are done
-        return pooled, []
+        return pooled
 
     def _sharded_pooling(self, share: RankShare) -> float:
         """Mean ids per sample of the tables that cross the input all-to-all (all but the data-parallel ones)."""
         return sum(t.pooling_mean for t in self.spec.tables) - share.replicated_pooling
+
+    def _sharded_features(self, share: RankShare) -> int:
+        """How many of the batch's features cross the input all-to-all (all but the data-parallel tables')."""
+        return len(self.spec.tables) - share.replicated_features
 
     def _pooled_group(self, group: PooledGroup, world_size: int, held: list, share: RankShare):
         """One group's lookups and its all-to-all (a data-parallel group: its local lookups alone), as the

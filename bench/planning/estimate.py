@@ -66,9 +66,9 @@ def input_features_permuted(plan_rows: List[dict], spec: WorkloadSpec, world_siz
         tables = [t for t in spec.tables if sharding_of[t.name]["sharding_type"] == kind]
         if kind == DATA_PARALLEL:
             names += [t.feature_name for t in tables]
-        elif kind in PER_RANK_FEATURES:
-            names += [t.feature_name for rank in range(world_size) for t in tables
-                      for shard in sharding_of[t.name]["shards"] if shard["rank"] == rank]
+        elif kind in PER_RANK_FEATURES:  # rank by rank, each rank's shards in table order (a stable sort)
+            shards = [(shard["rank"], t.feature_name) for t in tables for shard in sharding_of[t.name]["shards"]]
+            names += [name for _, name in sorted(shards, key=lambda shard: shard[0])]
         else:
             return True  # row-wise and the hierarchical types: not modelled, torchrec's general case assumed
     return names != [t.feature_name for t in spec.tables]

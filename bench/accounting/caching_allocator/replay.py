@@ -4,6 +4,7 @@ the real torch.cuda allocator on a GPU (scripts/gpu_check.sh compares the two)."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Tuple
 
 from bench.accounting.caching_allocator.model import CachingAllocatorModel
@@ -61,12 +62,12 @@ def replay(events: Iterable[Event], settings: AllocatorSettings, before: Iterabl
     """Replay `events` through a fresh model, allocating the (never freed) sizes in `before` after the first
     `before_at` events (0: before them all)."""
     model = CachingAllocatorModel(capacity_bytes, settings, trace_max_entries=0)
-    events = list(events)
-    _apply(model, events[:before_at])
+    events = iter(events)
+    _apply(model, islice(events, before_at))
     for index, nbytes in enumerate(before):
         if nbytes:
             model.malloc(nbytes, ("before", index))
-    _apply(model, events[before_at:])
+    _apply(model, events)
     return ReplayPeaks.from_stats(model.memory_stats())
 
 
