@@ -1,10 +1,12 @@
-"""What does forking the ranks from their agent (launcher.fork_ranks, bench.run.agent) save a run?
+"""What does forking save a run: the ranks from their agent (launcher.fork_ranks, bench.run.agent), and the
+agent from membench (launcher.fork_agent, bench.run.forked_agent)?
 
 Run as ``python -m bench.perf.launch_speed [--repeats N] [ARGS...]``: `membench run ARGS` (default: the tiny
-torchrec workload and the native one, on CPU, 2 ranks) with `launcher.fork_ranks=true` and `=false`
-alternately, N times each, and prints per setting the median wall time of the whole command and the median
-CPU time of everything it started (the `membench` process, the agent, the ranks: the children's rusage),
-with the ratio false / true. The memory numbers are the same either way (tests/test_e2e.py).
+torchrec workload and the native one, on CPU, 2 ranks, and a 4-point sweep of tiny) under each setting of
+SETTINGS in turn, N times each, and prints per setting the median wall time of the whole command and the
+median CPU time of everything it started (the `membench` process, the agent, the ranks: the children's
+rusage), with the ratios of fresh interpreters (the first setting) to it. The memory numbers are the same
+under every setting (tests/test_e2e.py).
 """
 from __future__ import annotations
 
@@ -21,7 +23,11 @@ from typing import Dict, List, Sequence, Tuple
 from bench.perf.table import print_table
 
 WORKLOADS = {"torchrec tiny": ["hardware=cpu", "workload=tiny"],
-             "native tiny": ["hardware=cpu", "workload=tiny", "model=native"]}
+             "native tiny": ["hardware=cpu", "workload=tiny", "model=native"],
+             "tiny, 4-point sweep": ["-m", "hardware=cpu", "workload=tiny", "workload.seed=1,2,3,4"]}
+SETTINGS = {"fresh interpreters": ["launcher.fork_ranks=false"],
+            "ranks forked": ["launcher.fork_ranks=true", "launcher.fork_agent=false"],
+            "agent and ranks forked": ["launcher.fork_ranks=true", "launcher.fork_agent=true"]}
 
 
 def timed_run(args: Sequence[str], results_dir: Path) -> Tuple[float, float]:
@@ -37,11 +43,11 @@ def timed_run(args: Sequence[str], results_dir: Path) -> Tuple[float, float]:
     return wall, (after.children_user - before.children_user) + (after.children_system - before.children_system)
 
 
-def measure(args: Sequence[str], repeats: int, results_dir: Path) -> Dict[bool, List[Tuple[float, float]]]:
-    times: Dict[bool, List[Tuple[float, float]]] = {True: [], False: []}
+def measure(args: Sequence[str], repeats: int, results_dir: Path) -> Dict[str, List[Tuple[float, float]]]:
+    times: Dict[str, List[Tuple[float, float]]] = {name: [] for name in SETTINGS}
     for _ in range(repeats):
-        for fork in (True, False):  # alternated, so that a change in the machine's load hits both alike
-            times[fork].append(timed_run([*args, f"launcher.fork_ranks={str(fork).lower()}"], results_dir))
+        for name, overrides in SETTINGS.items():  # in turn, so that a change in load hits every setting alike
+            times[name].append(timed_run([*args, *overrides], results_dir))
     return times
 
 
@@ -53,15 +59,16 @@ def main(argv=None) -> None:
     workloads = {" ".join(opts.args): opts.args} if opts.args else WORKLOADS
     rows = []
     with tempfile.TemporaryDirectory(prefix="membench-launch-speed-") as results_dir:
-        for name, args in workloads.items():
+        for workload, args in workloads.items():
             times = measure(args, opts.repeats, Path(results_dir))
-            wall = {fork: statistics.median(t[0] for t in times[fork]) for fork in times}
-            cpu = {fork: statistics.median(t[1] for t in times[fork]) for fork in times}
-            rows.append([name, f"{wall[True]:.2f}", f"{wall[False]:.2f}", f"{wall[False] / wall[True]:.2f}x",
-                         f"{cpu[True]:.2f}", f"{cpu[False]:.2f}", f"{cpu[False] / cpu[True]:.2f}x"])
-    print_table(f"membench run, ranks forked vs fresh interpreters (median of {opts.repeats})",
-                ["workload", "wall s forked", "wall s fresh", "wall ratio", "CPU s forked", "CPU s fresh",
-                 "CPU ratio"], rows, left={"workload"})
+            wall = {name: statistics.median(t[0] for t in runs) for name, runs in times.items()}
+            cpu = {name: statistics.median(t[1] for t in runs) for name, runs in times.items()}
+            fresh = next(iter(SETTINGS))
+            rows += [[workload, name, f"{wall[name]:.2f}", f"{cpu[name]:.2f}", f"{wall[fresh] / wall[name]:.2f}x",
+                      f"{cpu[fresh] / cpu[name]:.2f}x"] for name in SETTINGS]
+    print_table(f"membench run: what forking saves (median of {opts.repeats})",
+                ["workload", "setting", "wall s", "CPU s", "wall: fresh / this", "CPU: fresh / this"], rows,
+                left={"workload", "setting"})
 
 
 if __name__ == "__main__":

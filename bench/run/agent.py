@@ -38,9 +38,13 @@ def preload_rank_imports(worker_args: List[str]) -> None:
     # torch imports dynamo at the first call of a function it keeps dynamo from tracing (nn.EmbeddingBag's
     # reset_parameters, every optimizer's step): 1.9 s of each rank's start, paid here once
     importlib.import_module("torch._dynamo")
-    # what is imported lives as long as the ranks: out of the collector's reach, a rank's full collections
-    # neither walk it nor copy its pages (copy-on-write) by writing its collector headers
-    gc.freeze()
+
+
+def worker_args(agent_args: List[str]) -> List[str]:
+    """The worker's own arguments (`--run-dir DIR`) in torchrun's: what follows `-m bench.run.worker`."""
+    from torch.distributed.run import parse_args
+
+    return parse_args(agent_args).training_script_args
 
 
 def fork_ranks(argv: List[str]) -> None:
@@ -60,6 +64,9 @@ def fork_ranks(argv: List[str]) -> None:
     args.start_method = "fork"
     config, _, _ = config_from_args(args)
     preload_rank_imports(args.training_script_args)
+    # what is imported lives as long as the ranks: out of the collector's reach, a rank's full collections
+    # neither walk it nor copy its pages (copy-on-write) by writing its collector headers
+    gc.freeze()
     elastic_launch(config=config, entrypoint=forked_rank)(*args.training_script_args)
 
 

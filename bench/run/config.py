@@ -145,6 +145,10 @@ class LauncherConfig:
     # (bench.run.agent: 2-5 s of CPU per rank saved); false starts a fresh interpreter per rank, as CUDA
     # runs always do (a forked child cannot use CUDA). The memory numbers are the same either way.
     fork_ranks: bool = True
+    # With fork_ranks: fork the torchrun agent itself from membench too, after membench has imported what a
+    # rank imports (bench.run.forked_agent: the agent's 3-4 s of imports saved per run, and a sweep or the
+    # regression gate pays them once); false starts it as a command (`python -m bench.run.agent`)
+    fork_agent: bool = True
 
 
 @dataclass

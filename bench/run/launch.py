@@ -25,6 +25,7 @@ from bench.results.store import ResultsError, load_rank_result, rank_file, write
 from bench.run.agent import FORK_RANKS_FLAG
 from bench.run.config import RunConfig
 from bench.run.emulation import check_rank_fits_host, emulation_record, with_rank, with_rank_config
+from bench.run.forked_agent import release_openmp_threads, start_forked_agent
 from bench.run.launchspec import LaunchSpec, write_run_config
 from bench.run.reaper import KILL_GRACE_S, WORKER_MODULE, end_processes, end_run, wait_for_no_ranks
 from bench.run.step_progress import StepWatcher
@@ -91,19 +92,27 @@ def latest_progress(run_dir: Path) -> float:
     return max(times, default=0.0)
 
 
+def start_agent(command: List[str], env: dict, fork_agent: bool):
+    """One agent in a session of its own, its stdout and stderr in one text pipe: forked from this process
+    when it forks its ranks and `fork_agent` (bench.run.forked_agent) and OpenMP lets it, else a command."""
+    if fork_agent and FORK_RANKS_FLAG in command and release_openmp_threads():
+        return start_forked_agent(command, env)
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, start_new_session=True)
+
+
 def run_agents(cmds: List[List[str]], env: dict, log_path: Path, run_dir: Path, timeout_s: float, *,
                watchdog_s: float, echo: bool = True, tail_lines: int = 60, poll_s: float = 0.2,
-               kill_grace_s: float = KILL_GRACE_S) -> ProcessOutcome:
+               kill_grace_s: float = KILL_GRACE_S, fork_agent: bool = False) -> ProcessOutcome:
     """Run the agents, each in its own session, tee their output, and end the agents and every rank on a
     wall-clock timeout, on a stall (no rank progress for watchdog_s), when one agent fails and the others
     do not follow within LAGGING_AGENT_S, or on Ctrl-C (then re-raise). However the agents end, no rank
     of the run is left running when this returns."""
-    started_wall, started = time.time(), time.monotonic()
     tail: List[str] = []
     lock = threading.Lock()
     with open(log_path, "w") as log:
-        procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  bufsize=1, start_new_session=True) for cmd in cmds]
+        procs = [start_agent(cmd, env, fork_agent) for cmd in cmds]
+        started_wall, started = time.time(), time.monotonic()
 
         def write(line: str) -> None:
             with lock:
@@ -279,7 +288,7 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
         with StepWatcher(run_dir, run_id, launch.world_size, cfg.workload.warmup_steps + cfg.workload.steps,
                          launch.local_processes, enabled=echo and cfg.record.timeline, ranks=launch.measured_ranks):
             outcome = run_agents(commands, worker_env(launch, cfg), log_path, run_dir, cfg.timeout_s,
-                                 watchdog_s=cfg.launcher.watchdog_s, echo=echo)
+                                 watchdog_s=cfg.launcher.watchdog_s, echo=echo, fork_agent=cfg.launcher.fork_agent)
     except KeyboardInterrupt:
         write_interrupted(cfg, launch, run_dir, run_id, started_at, sweep_id)
         raise

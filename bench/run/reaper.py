@@ -5,7 +5,8 @@ torchrun starts each fresh-interpreter rank (CUDA, launcher.fork_ranks=false) in
 agent was killed first keeps running (on a GPU: keeping its CUDA context and memory, falsifying every later
 run). A rank is recognized by its command line, which names the worker and the run directory: a fresh one's
 is `-m bench.run.worker --run-dir <run_dir>`, a forked one's (bench.run.agent --fork-ranks) is its agent's,
-which ends the same way; its pid is also in its progress file `.progress_rank<R>`.
+which ends the same way (the process title of an agent forked from membench, bench.run.forked_agent); its
+pid is also in its progress file `.progress_rank<R>`.
 """
 from __future__ import annotations
 
@@ -24,11 +25,18 @@ GONE_TIMEOUT_S = 10.0  # after SIGKILL, how long to wait for the kernel to reap 
 POLL_S = 0.05
 
 
+RANK_COMMAND_TAIL = f" -m {WORKER_MODULE} --run-dir "  # how a rank's command line ends, before its run dir
+
+
 def _is_rank_of(cmdline: List[str], run_dir: Path) -> bool:
-    if WORKER_MODULE not in cmdline or "--run-dir" not in cmdline:
-        return False
-    index = cmdline.index("--run-dir")
-    return index + 1 < len(cmdline) and Path(cmdline[index + 1]).resolve() == run_dir
+    if WORKER_MODULE in cmdline and "--run-dir" in cmdline:
+        index = cmdline.index("--run-dir")
+        if index + 1 < len(cmdline) and Path(cmdline[index + 1]).resolve() == run_dir:
+            return True
+    # a forked agent's command line is its process title (bench.run.forked_agent), which psutil splits at
+    # every space, a run directory's own included: read as one string, the run directory last
+    joined = " ".join(cmdline).rstrip()
+    return RANK_COMMAND_TAIL in joined and Path(joined.rsplit(RANK_COMMAND_TAIL, 1)[1]).resolve() == run_dir
 
 
 def rank_processes(run_dir: Path) -> List[psutil.Process]:
