@@ -160,7 +160,8 @@ def _become_fresh_agent(command: List[str], env: dict, output_fd: int) -> None:
     setproctitle.setproctitle(" ".join(command))
     os.environ.clear()
     os.environ.update(env)
-    if env.get("OMP_NUM_THREADS", "").isdigit() and "torch" in sys.modules:  # a fresh interpreter's OpenMP reads it at start
+    # a fresh interpreter's OpenMP reads its thread count from the environment as it starts
+    if env.get("OMP_NUM_THREADS", "").isdigit() and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
     from bench.run import agent
 
