@@ -144,10 +144,10 @@ def table_totals(spec: WorkloadSpec) -> Tuple[int, float]:
 
 
 def features_for_rank(spec: WorkloadSpec, share: RankShare, world_size: int,
-                      totals: Optional[Tuple[int, float]] = None) -> Dict[str, float]:
-    """The calibration's features of one rank; pass `totals` (table_totals) when scoring many ranks."""
+                      totals: Tuple[int, float]) -> Dict[str, float]:
+    """The calibration's features of one rank; `totals` is table_totals(spec), the same for every rank."""
     batch = spec.config.batch_size
-    total_dims, total_pooling = totals or table_totals(spec)
+    total_dims, total_pooling = totals
     return {
         "const": 1.0,
         "pooled_received": batch * total_dims * 4.0,

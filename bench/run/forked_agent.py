@@ -31,8 +31,6 @@ from bench.results.schema import EXIT_FAILED, EXIT_OK
 _FRESH_HANDLERS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
                    signal.SIGHUP: signal.SIG_DFL, signal.SIGQUIT: signal.SIG_DFL, signal.SIGCHLD: signal.SIG_DFL,
                    signal.SIGUSR1: signal.SIG_DFL, signal.SIGUSR2: signal.SIG_DFL, signal.SIGALRM: signal.SIG_DFL}
-
-
 OMP_PAUSE_HARD = 2  # omp_pause_resource_t: end the threads of OpenMP's pool (OpenMP 5.0)
 
 
@@ -87,15 +85,16 @@ class ForkedAgent:
 
 
 def start_forked_agent(command: List[str], env: dict,
-                       agent_main: Optional[Callable[[List[str]], None]] = None) -> ForkedAgent:
+                       agent_main: Optional[Callable[[List[str]], None]] = None) -> Optional[ForkedAgent]:
     """Fork `command` (`python -m bench.run.agent --fork-ranks ARGS`) from this process as its agent, which
-    runs `agent_main(ARGS)` (bench.run.agent.main)."""
+    runs `agent_main(ARGS)` (bench.run.agent.main); None, with nothing started, where this process's OpenMP
+    threads cannot be ended (release_openmp_threads): the caller starts the command instead."""
     from bench.run import agent
 
     agent_args = command[command.index(agent.FORK_RANKS_FLAG) + 1:]
     agent.preload_rank_imports(agent.worker_args(agent_args))  # here, once: every later run's agent has them
-    if not release_openmp_threads():  # bench.run.launch.start_agent asks first: a command instead
-        raise RuntimeError("bench.run.forked_agent: this process's OpenMP threads cannot be ended; not forking")
+    if not release_openmp_threads():  # after the imports: nothing may start a pool between this and the fork
+        return None
     read_fd, write_fd = os.pipe()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # else the child would write this process's pending output once more

@@ -25,7 +25,7 @@ from bench.results.store import ResultsError, load_rank_result, rank_file, write
 from bench.run.agent import FORK_RANKS_FLAG
 from bench.run.config import RunConfig
 from bench.run.emulation import check_rank_fits_host, emulation_record, with_rank, with_rank_config
-from bench.run.forked_agent import release_openmp_threads, start_forked_agent
+from bench.run.forked_agent import start_forked_agent
 from bench.run.launchspec import LaunchSpec, write_run_config
 from bench.run.reaper import KILL_GRACE_S, WORKER_MODULE, end_processes, end_run, wait_for_no_ranks
 from bench.run.step_progress import StepWatcher
@@ -95,10 +95,9 @@ def latest_progress(run_dir: Path) -> float:
 def start_agent(command: List[str], env: dict, fork_agent: bool):
     """One agent in a session of its own, its stdout and stderr in one text pipe: forked from this process
     when it forks its ranks and `fork_agent` (bench.run.forked_agent) and OpenMP lets it, else a command."""
-    if fork_agent and FORK_RANKS_FLAG in command and release_openmp_threads():
-        return start_forked_agent(command, env)
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, start_new_session=True)
+    forked = start_forked_agent(command, env) if fork_agent and FORK_RANKS_FLAG in command else None
+    return forked or subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, bufsize=1, start_new_session=True)
 
 
 def run_agents(cmds: List[List[str]], env: dict, log_path: Path, run_dir: Path, timeout_s: float, *,
