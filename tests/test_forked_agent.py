@@ -48,9 +48,14 @@ def test_the_forked_agent_is_the_process_its_command_would_start(run_dir):
     before_fork = logging.getLogger("membench.test.before_fork")
     before_fork.addHandler(logging.StreamHandler(sys.stderr))  # bound to this process's (captured) stderr
 
+    root, launcher_handler = logging.getLogger(), logging.StreamHandler(sys.stderr)
+    root.addHandler(launcher_handler)  # the launcher's root logger at INFO, as Hydra configures it
+
     def agent_main(args):
         before_fork.warning("logged through a handler made before the fork")
+        logging.getLogger("some.library").info("an INFO line of a library")
         print(json.dumps({
+            "root": [len(logging.getLogger().handlers), logging.getLogger().level],
             "args": args, "argv": sys.argv[1:], "leads_session": os.getsid(0) == os.getpid() == os.getpgrp(),
             "env": dict(os.environ), "stdin_is_null": os.path.samestat(os.fstat(0), os.stat(os.devnull)),
             "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
@@ -58,10 +63,14 @@ def test_the_forked_agent_is_the_process_its_command_would_start(run_dir):
             "title": " ".join(psutil.Process().cmdline())}))
 
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a launcher's own handler is not inherited
+    level = root.level
+    root.setLevel(logging.INFO)
     try:
         code, output = _fork(run_dir, agent_main)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        root.setLevel(level)
+        root.removeHandler(launcher_handler)
     state = json.loads(next(line for line in output.splitlines() if line.startswith("{")))
     command = _command(run_dir)
     assert code == 0
@@ -70,6 +79,7 @@ def test_the_forked_agent_is_the_process_its_command_would_start(run_dir):
     assert state["env"] == {"MEMBENCH_CASE": "1", "PATH": os.environ["PATH"]}
     assert state["title"] == " ".join(command)
     assert "logged through a handler made before the fork" in output
+    assert state["root"] == [0, logging.WARNING] and "an INFO line of a library" not in output
 
 
 def _exits(code):

@@ -145,7 +145,13 @@ def _become_fresh_agent(command: List[str], env: dict, output_fd: int) -> None:
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
                                                    errors="backslashreplace")
-    for handler in _stream_handlers():  # logging's handlers made before the fork hold the old ones
+    # the root logger as a fresh interpreter has it: no handler, WARNING (a launcher's, Hydra's for one, showed
+    # every library's INFO lines in the run's output, and wrote them into its own log file)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+    for handler in _stream_handlers():  # the libraries' own handlers made before the fork hold the old ones
         if id(handler.stream) in old_errors:
             handler.setStream(sys.stderr)
         elif id(handler.stream) in old_outputs:
