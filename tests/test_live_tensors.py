@@ -181,3 +181,52 @@ def test_gloo_threads_are_found_by_the_name_in_their_stat_line(monkeypatch, tmp_
     assert not collectives.gloo_threads_idle()  # gloo_tcp_loop is running
     (tmp_path / "13" / "stat").write_text("13 (gloo_tcp_loop) D 1")
     assert collectives.gloo_threads_idle()
+
+
+def test_resized_in_place_and_sparse_outputs_are_counted():
+    """The op-output walk's two less common paths: a storage an op resizes in place (`out=`, resize_) is counted
+    at its new size, and a sparse COO output as its indices + values."""
+    tr = tracker()
+    with tr:
+        out = torch.empty(10)                                  # 40 B
+        out.resize_(100)                                       # the same storage, now 400 B
+        assert tr.live_bytes == 400
+        torch.add(torch.ones(200), 1, out=out.resize_(0))      # resized by an out= op to 800 B; the ones die
+        assert tr.live_bytes == 800
+        sparse = torch.ones(4, 4).to_sparse()                  # 16 values (64 B) + 2x16 int64 indices (256 B)
+        assert tr.live_bytes == 800 + 64 + 256
+    del out, sparse
+
+
+def test_op_outputs_are_walked_as_pytree_walks_them():
+    from collections import namedtuple
+
+    from torch.utils._pytree import tree_iter
+
+    from bench.accounting.dispatch_mode import op_tensors
+
+    a, b, c = torch.ones(1), torch.ones(2), torch.ones(3)
+    pair = namedtuple("pair", "first second")
+    outputs = [a, (a, b), [a, [b, c]], (None, 3, [b]), pair(a, [c]), {"x": a, "y": (b,)}, None, 7, 1.5,
+               ([a, b], torch.float32, "s"), (pair(b, c), {"k": [c]})]
+    for out in outputs:
+        expected = [value for value in tree_iter(out) if isinstance(value, torch.Tensor)]
+        assert [id(t) for t in op_tensors(out)] == [id(t) for t in expected], out
+
+
+def test_membench_modes_run_their_dispatch_without_the_per_op_dynamo_wrapper():
+    """torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo unless the class opts out (about 5 us an
+    op); membench's modes opt out, the plain torch mode is still wrapped (so the check can fail)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from bench.accounting.dispatch_mode import DispatchMode
+    from bench.run.memory.memtracker import CollectiveSettler
+
+    class Plain(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    assert hasattr(Plain.__torch_dispatch__, "__wrapped__")
+    for mode in (LiveTensorTracker, CollectiveSettler):
+        assert issubclass(mode, DispatchMode)
+        assert not hasattr(mode.__torch_dispatch__, "__wrapped__"), mode

@@ -25,27 +25,30 @@ import weakref
 from typing import Callable, Dict, Iterable, Optional
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_iter
 
 from bench.accounting.caching_allocator import SimulatedOutOfMemory
 from bench.accounting.collectives import complete_collectives
+from bench.accounting.dispatch_mode import DispatchMode, op_tensors
 from bench.accounting.oom import format_emulated_oom, format_simulated_oom
 
-
-def _strided(values):
-    """The tensors among `values` that own storage; a sparse COO tensor counts as its indices + values."""
-    for value in values:
-        if not isinstance(value, torch.Tensor):
-            continue
-        if value.layout == torch.sparse_coo:
-            yield value._indices()
-            yield value._values()
-        elif value.layout == torch.strided:
-            yield value
+# layouts are singletons: `is` against these is the cheap test on every op's outputs
+_STRIDED = torch.strided
+_SPARSE_COO = torch.sparse_coo
 
 
-class LiveTensorTracker(TorchDispatchMode):
+def _strided(tensors):
+    """The tensors among `tensors` that own storage; a sparse COO tensor counts as its indices + values."""
+    for tensor in tensors:
+        layout = tensor.layout
+        if layout is _STRIDED:
+            yield tensor
+        elif layout is _SPARSE_COO:
+            yield tensor._indices()
+            yield tensor._values()
+
+
+class LiveTensorTracker(DispatchMode):
     """Counts live bytes per category on `device`; raises torch.OutOfMemoryError past `capacity_bytes`, or
     when the `allocator` model cannot place a storage."""
 
@@ -54,6 +57,7 @@ class LiveTensorTracker(TorchDispatchMode):
         super().__init__()
         self.allocator = allocator
         self.device = device
+        self._device_is_cpu = device.type == "cpu"
         self.capacity_bytes = capacity_bytes
         self.rank = rank
         self.category = "other"  # what new storages are charged to (set by the recorder per phase)
@@ -139,10 +143,7 @@ class LiveTensorTracker(TorchDispatchMode):
         entry = self._entries.get(cdata)
         nbytes = storage.nbytes()
         if entry is None:
-            key = self._allocate(nbytes)
-            ref = weakref.ref(storage, lambda r, c=cdata: self._release(c, r))
-            self._entries[cdata] = [nbytes, category, ref, key]
-            self._charge(category, nbytes)
+            self._track_new_storage(storage, cdata, nbytes, category)
             return
         if entry[1] != category or entry[0] != nbytes:
             resized = entry[0] != nbytes  # resized in place: the allocator sees a new block; retagged: nothing
@@ -152,14 +153,20 @@ class LiveTensorTracker(TorchDispatchMode):
             entry[0], entry[1] = nbytes, category
             self._charge(category, nbytes)
 
+    def _track_new_storage(self, storage: torch.UntypedStorage, cdata: int, nbytes: int, category: str) -> None:
+        key = self._allocate(nbytes)
+        ref = weakref.ref(storage, lambda r, c=cdata: self._release(c, r))
+        self._entries[cdata] = [nbytes, category, ref, key]
+        self._charge(category, nbytes)
+
     def track_tensors(self, tensors: Iterable[torch.Tensor], category: str) -> None:
-        for tensor in _strided(tensors):
+        for tensor in _strided(tensor for tensor in tensors if isinstance(tensor, torch.Tensor)):
             self.track(tensor.untyped_storage(), category)
 
     def track_new(self, tensors: Iterable[torch.Tensor], category: str) -> None:
         """Count the storages of `tensors` that are not counted yet under `category` (counted ones keep theirs):
         what was made outside any op the mode sees, such as tensors wrapped from numpy arrays."""
-        for tensor in _strided(tensors):
+        for tensor in _strided(tensor for tensor in tensors if isinstance(tensor, torch.Tensor)):
             storage = tensor.untyped_storage()
             if storage._cdata not in self._entries:
                 self.track(storage, category)
@@ -187,28 +194,39 @@ class LiveTensorTracker(TorchDispatchMode):
         self.phase_peak_bytes = self.live_bytes
 
     # -- interception ----------------------------------------------------------------------------
+    def _on_tracked_device(self, tensor: torch.Tensor) -> bool:
+        return tensor.is_cpu if self._device_is_cpu else tensor.device == self.device
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        out = func(*args, **kwargs) if kwargs else func(*args)
         if func.namespace == "c10d" and threading.get_ident() == self._owner_thread:
             if not complete_collectives(tree_iter(out)):
                 self.unsettled_collectives += 1
         new_bytes = 0
-        fresh = []
-        for tensor in _strided(tree_iter(out)):
-            storage = tensor.untyped_storage()
-            if not self._on_device(storage):
+        fresh = []  # (storage, its cdata, its bytes, whether it is counted already: resized in place)
+        entries = self._entries
+        for tensor in _strided(op_tensors(out)):
+            if not self._on_tracked_device(tensor):
                 continue
-            entry = self._entries.get(storage._cdata)
+            storage = tensor.untyped_storage()
+            cdata = storage._cdata
+            entry = entries.get(cdata)
             if entry is None:
-                new_bytes += storage.nbytes()
-                fresh.append(storage)
+                nbytes = storage.nbytes()
+                new_bytes += nbytes
+                fresh.append((storage, cdata, nbytes))
             elif entry[0] != storage.nbytes():  # resized in place (resize_, out= ops)
-                fresh.append(storage)
+                fresh.append((storage, cdata, None))
                 new_bytes += storage.nbytes() - entry[0]
+        if not fresh:
+            return out
         if new_bytes and self.live_bytes + new_bytes > self.capacity_bytes:
             # The op ran, but a device with this capacity could not have held its output.
             raise torch.OutOfMemoryError(
                 format_emulated_oom(new_bytes, self.rank, self.capacity_bytes, self.live_bytes))
-        for storage in fresh:
-            self.track(storage, self.category)
+        for storage, cdata, nbytes in fresh:
+            if nbytes is not None and cdata not in entries:
+                self._track_new_storage(storage, cdata, nbytes, self.category)
+            else:
+                self.track(storage, self.category)
         return out

@@ -26,9 +26,9 @@ def _cpu_embedding_bag_shapes():
     sum mode; max_indices: none on meta, one per bag on CPU), which would count 8 bytes per id too many."""
     import torch
 
-    from bench.accounting.live_tensors import TorchDispatchMode  # the one import of torch's private mode class
+    from bench.accounting.dispatch_mode import DispatchMode
 
-    class CpuEmbeddingBagShapes(TorchDispatchMode):
+    class CpuEmbeddingBagShapes(DispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             mode = args[4] if len(args) > 4 else (kwargs or {}).get("mode", 0)

@@ -16,10 +16,10 @@ from typing import Dict, Optional
 import threading
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_iter
 
 from bench.accounting.collectives import complete_collectives
+from bench.accounting.dispatch_mode import DispatchMode
 from bench.results.schema import complete_breakdown
 from bench.run.memory.recorder import MemoryRecorder, PhaseSample, TrackingMixin
 
@@ -34,7 +34,7 @@ def restart_peak(tracker, device: torch.device, live_bytes: int) -> None:
     tracker._peak_mem_snap[device] = snapshot
 
 
-class CollectiveSettler(TorchDispatchMode):
+class CollectiveSettler(DispatchMode):
     """Completes each c10d op launched on this thread where it is launched (bench.accounting.collectives),
     counting nothing; `unsettled` counts those whose gloo threads were not seen to let go."""
 
