@@ -153,3 +153,26 @@ def test_a_rank_forked_after_this_process_ran_parallel_ops_runs_its_own(run_dir)
         torch.ones(1 << 22).add_(1)  # and this process makes itself a new pool
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_run_forks_its_agent_before_it_starts_any_thread_of_its_own(tmp_path, monkeypatch):
+    """A thread running at the fork may hold a lock (stdout's, a file's) that the forked agent then never sees
+    released; the step watcher (a run that echoes) is the launcher's one thread, and it starts after the fork."""
+    import threading
+
+    from bench.run import launch
+    from bench.run.execute import compose_run_config, execute_run
+    from bench.run.step_progress import WATCHER_THREAD
+
+    threads_at_fork = []
+    real_fork = launch.start_forked_agent
+
+    def recording_fork(command, env):
+        threads_at_fork.append(sorted(thread.name for thread in threading.enumerate()))
+        return real_fork(command, env)
+
+    monkeypatch.setattr(launch, "start_forked_agent", recording_fork)
+    cfg = compose_run_config(["workload=tiny", "model=native", "workload.steps=1", "workload.warmup_steps=0", "hardware.ranks_per_node=1"])
+    summary = execute_run(cfg, tmp_path / "run", "run", sweep_id=None, echo=True)
+    assert summary.status == "ok" and len(threads_at_fork) == 1
+    assert WATCHER_THREAD not in threads_at_fork[0], threads_at_fork

@@ -102,15 +102,18 @@ def start_agent(command: List[str], env: dict, fork_agent: bool):
 
 def run_agents(cmds: List[List[str]], env: dict, log_path: Path, run_dir: Path, timeout_s: float, *,
                watchdog_s: float, echo: bool = True, tail_lines: int = 60, poll_s: float = 0.2,
-               kill_grace_s: float = KILL_GRACE_S, fork_agent: bool = False) -> ProcessOutcome:
+               kill_grace_s: float = KILL_GRACE_S, fork_agent: bool = False,
+               on_started: Callable[[], None] = lambda: None) -> ProcessOutcome:
     """Run the agents, each in its own session, tee their output, and end the agents and every rank on a
     wall-clock timeout, on a stall (no rank progress for watchdog_s), when one agent fails and the others
     do not follow within LAGGING_AGENT_S, or on Ctrl-C (then re-raise). However the agents end, no rank
-    of the run is left running when this returns."""
+    of the run is left running when this returns. `on_started` runs once every agent is started: a thread
+    started before a forked agent may hold a lock at the fork that the agent then never sees released."""
     tail: List[str] = []
     lock = threading.Lock()
     with open(log_path, "w") as log:
         procs = [start_agent(cmd, env, fork_agent) for cmd in cmds]
+        on_started()
         started_wall, started = time.time(), time.monotonic()
 
         def write(line: str) -> None:
@@ -285,9 +288,11 @@ def launch_run(cfg: RunConfig, launch: LaunchSpec, run_dir: Path, run_id: str, *
         # a run longer than a few seconds: where every rank is (rank 0 alone prints its steps); made once the
         # emulated rank is known, which is the one rank watched
         with StepWatcher(run_dir, run_id, launch.world_size, cfg.workload.warmup_steps + cfg.workload.steps,
-                         launch.local_processes, enabled=echo and cfg.record.timeline, ranks=launch.measured_ranks):
+                         launch.local_processes, enabled=echo and cfg.record.timeline, ranks=launch.measured_ranks,
+                         start_on_enter=False) as watcher:
             outcome = run_agents(commands, worker_env(launch, cfg), log_path, run_dir, cfg.timeout_s,
-                                 watchdog_s=cfg.launcher.watchdog_s, echo=echo, fork_agent=cfg.launcher.fork_agent)
+                                 watchdog_s=cfg.launcher.watchdog_s, echo=echo, fork_agent=cfg.launcher.fork_agent,
+                                 on_started=watcher.start)
     except KeyboardInterrupt:
         write_interrupted(cfg, launch, run_dir, run_id, started_at, sweep_id)
         raise

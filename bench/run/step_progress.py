@@ -78,13 +78,17 @@ def describe(run_id: str, positions: Dict[int, RankPosition], local_ranks: int, 
     return text
 
 
+WATCHER_THREAD = "membench-steps"
+
+
 class StepWatcher:
     """Prints the ranks' step progress while a run's torchrun runs (a context manager around it)."""
 
     def __init__(self, run_dir: Path, run_id: str, world_size: int, total_steps: int,
                  local_ranks: Optional[int] = None, say: Callable[[str], None] = lambda line: print(line, flush=True),
                  every_s: float = 10.0, after_s: float = 5.0, poll_s: float = 1.0, enabled: bool = True,
-                 ranks: Optional[Sequence[int]] = None):
+                 ranks: Optional[Sequence[int]] = None, start_on_enter: bool = True):
+        self.start_on_enter = start_on_enter  # False: the caller calls start() (after forking its agents)
         self.run_dir, self.run_id = Path(run_dir), run_id
         self.ranks = tuple(range(world_size)) if ranks is None else tuple(ranks)  # those that write timelines
         self.world_size, self.total_steps = world_size, total_steps
@@ -139,10 +143,14 @@ class StepWatcher:
             except Exception:  # progress must never disturb the run
                 return
 
-    def __enter__(self) -> "StepWatcher":
-        if self.enabled:
-            self._thread = threading.Thread(target=self._run, name="membench-steps", daemon=True)
+    def start(self) -> None:
+        if self.enabled and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=WATCHER_THREAD, daemon=True)
             self._thread.start()
+
+    def __enter__(self) -> "StepWatcher":
+        if self.start_on_enter:
+            self.start()
         return self
 
     def __exit__(self, *exc) -> None:
