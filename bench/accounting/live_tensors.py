@@ -37,6 +37,11 @@ _STRIDED = torch.strided
 _SPARSE_COO = torch.sparse_coo
 
 
+def _strided_tensors(values):
+    """_strided over the tensors among `values` (the tracker's callers hand over lists that may hold others)."""
+    return _strided(value for value in values if isinstance(value, torch.Tensor))
+
+
 def _strided(tensors):
     """The tensors among `tensors` that own storage; a sparse COO tensor counts as its indices + values."""
     for tensor in tensors:
@@ -160,13 +165,13 @@ class LiveTensorTracker(DispatchMode):
         self._charge(category, nbytes)
 
     def track_tensors(self, tensors: Iterable[torch.Tensor], category: str) -> None:
-        for tensor in _strided(tensor for tensor in tensors if isinstance(tensor, torch.Tensor)):
+        for tensor in _strided_tensors(tensors):
             self.track(tensor.untyped_storage(), category)
 
     def track_new(self, tensors: Iterable[torch.Tensor], category: str) -> None:
         """Count the storages of `tensors` that are not counted yet under `category` (counted ones keep theirs):
         what was made outside any op the mode sees, such as tensors wrapped from numpy arrays."""
-        for tensor in _strided(tensor for tensor in tensors if isinstance(tensor, torch.Tensor)):
+        for tensor in _strided_tensors(tensors):
             storage = tensor.untyped_storage()
             if storage._cdata not in self._entries:
                 self.track(storage, category)
@@ -203,23 +208,29 @@ class LiveTensorTracker(DispatchMode):
             if not complete_collectives(tree_iter(out)):
                 self.unsettled_collectives += 1
         new_bytes = 0
-        fresh = []  # (storage, its cdata, its bytes, whether it is counted already: resized in place)
+        fresh = []  # (storage, its cdata, its bytes): not counted yet, or counted at another size (resized in place)
         entries = self._entries
         for tensor in _strided(op_tensors(out)):
             if not self._on_tracked_device(tensor):
                 continue
             storage = tensor.untyped_storage()
-            cdata = storage._cdata
+            cdata, nbytes = storage._cdata, storage.nbytes()
             entry = entries.get(cdata)
-            if entry is None:
-                nbytes = storage.nbytes()
-                new_bytes += nbytes
+            if entry is None or entry[0] != nbytes:  # new, or resized in place (resize_, out= ops)
+                new_bytes += nbytes if entry is None else nbytes - entry[0]
                 fresh.append((storage, cdata, nbytes))
-            elif entry[0] != storage.nbytes():  # resized in place (resize_, out= ops)
-                fresh.append((storage, cdata, None))
-                new_bytes += storage.nbytes() - entry[0]
         if not fresh:
             return out
+        if new_bytes and self.live_bytes + new_bytes > self.capacity_bytes:
+            # The op ran, but a device with this capacity could not have held its output.
+            raise torch.OutOfMemoryError(
+                format_emulated_oom(new_bytes, self.rank, self.capacity_bytes, self.live_bytes))
+        for storage, cdata, nbytes in fresh:
+            if cdata in entries:  # resized in place, or a storage that appears twice among the outputs
+                self.track(storage, self.category)
+            else:
+                self._track_new_storage(storage, cdata, nbytes, self.category)
+        return out
         if new_bytes and self.live_bytes + new_bytes > self.capacity_bytes:
             # The op ran, but a device with this capacity could not have held its output.
             raise torch.OutOfMemoryError(
