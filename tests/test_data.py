@@ -77,6 +77,26 @@ def test_changing_one_table_keeps_other_tables_streams():
     assert not torch.equal(a.values[n : 2 * n], b.values[n : 2 * n])
 
 
+@pytest.mark.parametrize("ids", ["zipf", "uniform"])
+def test_a_subset_of_tables_of_any_rank_draws_what_that_ranks_batch_holds(ids):
+    """What an emulated rank's peers send it (bench.run.peer_batches): a few tables of another rank's batch,
+    drawn alone, in any order, equal that batch's (Zipf tables of one law are drawn in one pass in a batch)."""
+    sb = make(rank=0, world_size=4, seed=3, num_tables=5, rows_list=[10**9, 7_000, 10**9, 300, 10**9],
+              materialize="scaled", scaled_max_gib=0.001, ids=IdsConfig(distribution=ids),
+              pooling=PoolingConfig(distribution="pareto", mean=6, max=40))
+    for rank in (0, 3):
+        whole = SyntheticBatches(sb.spec, rank=rank, world_size=4).batch(5)
+        counts = whole.lengths.view(5, 64).sum(dim=1).tolist()
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        tables = [4, 0, 3]
+        lengths, values = sb.tables_of(rank, 5, tables)
+        for table, lens, ids_drawn in zip(tables, lengths, values):
+            assert np.array_equal(lens, whole.lengths.numpy()[table * 64:(table + 1) * 64])
+            assert np.array_equal(ids_drawn, whole.values.numpy()[bounds[table]:bounds[table + 1]])
+    with pytest.raises(ValueError, match="need 0 <= rank < world_size"):
+        sb.tables_of(4, 0, [0])
+
+
 # ----------------------------------------------------------------------------------------------
 # Layout and ranges
 # ----------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from workloads.ids import COMPILED_MIN_IDS, draw_virtual_ids, draw_zipf_grouped,
 from workloads.zipf_law import zipf_multiplier
 from workloads.spec import WorkloadSpec
 from workloads.rules import HISTOGRAM, POOLING_DISTRIBUTIONS
-from workloads.id_histogram import draw_histogram_ids
+from workloads.id_histogram import draw_histogram_ids, has_id_histograms
 
 
 @dataclass
@@ -138,6 +138,14 @@ def _draw_other_ids(rng: np.random.Generator, ids_cfg, virtual_rows: int, n: int
     return draw_virtual_ids(rng, ids_cfg, virtual_rows, n)
 
 
+def draws_on_device(generator: str, device_type: str, spec: WorkloadSpec) -> bool:
+    """workload.generator: auto draws on the rank's GPU (no host-to-device copy per batch) unless a table has an
+    id histogram, which only the host generator draws."""
+    if generator == "auto":
+        return device_type == "cuda" and not has_id_histograms(spec.tables)
+    return generator == "device"
+
+
 def check_stream_args(spec: WorkloadSpec, rank: int, world_size: int) -> None:
     """ValueError unless `rank` is one of `world_size` and every table is materialized (what either generator
     needs)."""
@@ -175,19 +183,42 @@ class SyntheticBatches:
     def batch(self, step: int) -> Batch:
         n = self.batch_size
         bitgen = _batch_bitgen(self.seed, self.rank, step)
+        rng = np.random.Generator(bitgen)  # stream 0 (see `batch_rng`); the tables' streams rewind to its start
         start = bitgen.state
-        rng = np.random.Generator(bitgen)  # stream 0 (see `batch_rng`)
         dense = rng.standard_normal((n, self.num_dense_features), dtype=np.float32)
         labels = (rng.random(n) < 0.5).astype(np.float32)
+        lengths, values_np = self._draw_tables(bitgen, start, range(len(self.spec.tables)))
+        lengths_np = np.concatenate(lengths).astype(np.int32) if lengths else np.zeros(0, np.int32)
+        return Batch(
+            dense_features=torch.from_numpy(dense),
+            keys=list(self.keys),
+            lengths=torch.from_numpy(lengths_np),
+            values=torch.from_numpy(values_np),
+            labels=torch.from_numpy(labels),
+        )
 
+    def tables_of(self, rank: int, step: int, tables: Sequence[int]) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+        """(pooling factors, ids) of each of `tables` in batch `step` of `rank` (any rank of the job): exactly
+        what that rank's `batch(step)` holds for them, drawn without the other tables (what an emulated rank's
+        peers send it: bench.run.peer_batches)."""
+        check_stream_args(self.spec, rank, self.world_size)
+        bitgen = _batch_bitgen(self.seed, rank, step)
+        lengths, values_np = self._draw_tables(bitgen, bitgen.state, tables)
+        bounds = np.concatenate([[0], np.cumsum([len_.sum() for len_ in lengths], dtype=np.int64)]).tolist()
+        return lengths, [values_np[bounds[i]:bounds[i + 1]] for i in range(len(lengths))]
+
+    def _draw_tables(self, bitgen: np.random.PCG64, start, tables: Sequence[int]):
+        """Pooling factors (one array a table) and ids (concatenated) of `tables`, in their order, each from its
+        own stream (1 + table index) of the batch whose generator is `bitgen`, `start` its initial state."""
+        n, specs = self.batch_size, [self.spec.tables[i] for i in tables]
+        rng = np.random.Generator(bitgen)
         # per table: its pooling factors, then its ids -- Zipf: the key of its draw (`zipf_key`); the Zipf tables
-        # of one law and id space are then drawn in one pass
-        tables = self.spec.tables
+        # of one law and id space are then drawn in one pass (a table draws the same ids alone or grouped)
         lengths: List[np.ndarray] = []
         counts: List[int] = []
         keys: List[Optional[int]] = []
         others: List[Optional[np.ndarray]] = []
-        for i, t in enumerate(tables):
+        for i, t in zip(tables, specs):
             bitgen.state = start  # stream 1 + i: rewind, then jump to its window
             bitgen.advance((1 + i) * STREAM_STRIDE)
             lens = draw_pooling(rng, t.pooling, t.pooling_mean, n)
@@ -204,28 +235,20 @@ class SyntheticBatches:
         offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
         values_np = np.empty(offsets[-1], dtype=np.int64)
         laws: Dict[Tuple[float, int], List[int]] = {}  # Zipf tables by (alpha, id space), each law drawn in one call
-        for i, t in enumerate(tables):
-            if keys[i] is None:
-                values_np[offsets[i] : offsets[i + 1]] = others[i]
+        for j, t in enumerate(specs):
+            if keys[j] is None:
+                values_np[offsets[j] : offsets[j + 1]] = others[j]
             else:
-                laws.setdefault(_zipf_law(t), []).append(i)
-        compiled = sum(counts[i] for group in laws.values() for i in group) >= COMPILED_MIN_IDS
+                laws.setdefault(_zipf_law(t), []).append(j)
+        compiled = sum(counts[j] for group in laws.values() for j in group) >= COMPILED_MIN_IDS
         for (alpha, n_ranks), group in laws.items():
-            draw_zipf_grouped(alpha, n_ranks, [keys[i] for i in group], [counts[i] for i in group], values_np,
-                              starts=[offsets[i] for i in group], compiled=compiled)
-        for i, t in enumerate(tables):  # virtual -> physical rows (the identity when materialized in full)
+            draw_zipf_grouped(alpha, n_ranks, [keys[j] for j in group], [counts[j] for j in group], values_np,
+                              starts=[offsets[j] for j in group], compiled=compiled)
+        for j, t in enumerate(specs):  # virtual -> physical rows (the identity when materialized in full)
             if t.physical_rows != t.virtual_rows:
-                part = values_np[offsets[i] : offsets[i + 1]]
+                part = values_np[offsets[j] : offsets[j + 1]]
                 part[...] = to_physical(part, t.virtual_rows, t.physical_rows)
-
-        lengths_np = np.concatenate(lengths).astype(np.int32) if lengths else np.zeros(0, np.int32)
-        return Batch(
-            dense_features=torch.from_numpy(dense),
-            keys=list(self.keys),
-            lengths=torch.from_numpy(lengths_np),
-            values=torch.from_numpy(values_np),
-            labels=torch.from_numpy(labels),
-        )
+        return lengths, values_np
 
     def __iter__(self) -> Iterator[Batch]:
         step = 0

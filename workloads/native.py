@@ -202,6 +202,11 @@ class NativeDLRM(nn.Module):
         self.loss_fn = nn.BCEWithLogitsLoss()
         # called with each pooled lookup output (e.g. to hook the start of its table's backward)
         self.on_pooled: Optional[Callable[[torch.Tensor], None]] = None
+        # called as each id exchange starts, before its all-to-alls: on_exchange(the tables this rank receives,
+        # the ids it sends itself (one view a table), value_count=the counts it sends (one a destination),
+        # lengths=(the lengths it sends, their split sizes)); an emulated rank's peers answer from it
+        # (bench.run.peer_batches)
+        self.on_exchange: Optional[Callable[..., None]] = None
 
     def _exchange_ids(self, batch: Batch):
         """All-to-all of (lengths, values) so each rank gets the ids of its tables for every sample."""
@@ -219,12 +224,15 @@ class NativeDLRM(nn.Module):
             # on the model's device: a group made for nccl has no backend for CPU tensors
             counts = torch.tensor(value_counts, dtype=torch.int64, device=self.device)
             received_counts = torch.empty_like(counts)
-            dist.all_to_all_single(received_counts, counts, group=self.group)
             local_tables = len(self.local)
             lengths_out = torch.empty(self.world_size * local_tables * size, dtype=lengths.dtype, device=self.device)
             lengths_in = (torch.cat(send_lengths) if send_lengths else lengths.new_empty(0)).to(self.device)
-            dist.all_to_all_single(lengths_out, lengths_in, [local_tables * size] * self.world_size,
-                                   [len([o for o in self.owners if o == r]) * size for r in range(self.world_size)],
+            lengths_sent = [len([o for o in self.owners if o == r]) * size for r in range(self.world_size)]
+            if self.on_exchange is not None:
+                self.on_exchange(self.local, [batch.values[offsets[i]:offsets[i + 1]] for i in self.local],
+                                 value_count=counts, lengths=(lengths_in, lengths_sent))
+            dist.all_to_all_single(received_counts, counts, group=self.group)  # (allocates nothing)
+            dist.all_to_all_single(lengths_out, lengths_in, [local_tables * size] * self.world_size, lengths_sent,
                                    group=self.group)
             values_out = torch.empty(int(received_counts.sum()), dtype=batch.values.dtype, device=self.device)
             values_in = (torch.cat(send_values) if send_values else batch.values.new_empty(0)).to(self.device)

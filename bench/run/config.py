@@ -119,6 +119,10 @@ class EmulateConfig:
     world_size: Optional[int] = None
     # a rank index, or auto: the rank the pre-launch prediction puts highest (ties: the lowest index)
     rank: str = "auto"
+    # How the peers answer the id all-to-alls: own_batches (each peer's lengths and ids drawn from its own
+    # batch: exact whatever the pooling) | own_data (each peer sends what this rank sends itself: exact for
+    # fixed pooling) | auto (own_batches unless the batches are drawn on the GPU, workload.generator)
+    peers: str = "auto"
 
 
 @dataclass
@@ -203,8 +207,8 @@ class RunConfig:
 # Sections and fields added after results were recorded: hashed only when they differ from their default, so that
 # a config which does not use them keeps the hash its baselines (and earlier results) were recorded with
 HASHED_WHEN_SET = {"pipeline": {"name": "plain"}, "workload.tables_file": None, "workload.generator": "auto",
-                   "emulate": {"world_size": None, "rank": "auto"}, "sharding.column_shard_dim": None,
-                   "sharding.caching_ratio": None, "allocator.large_segment_size_mb": None, "plan.memory_model": "torchrec",
+                   "emulate": {"world_size": None, "rank": "auto", "peers": "auto"},
+                   "sharding.column_shard_dim": None, "sharding.caching_ratio": None, "allocator.large_segment_size_mb": None, "plan.memory_model": "torchrec",
                    "plan.reservation_file": None, "plan.caching_ratios": []}
 
 

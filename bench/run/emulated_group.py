@@ -1,9 +1,11 @@
-"""A process group in which one process plays rank R of an N-rank job: every peer answers as R would.
+"""A process group in which one process plays rank R of an N-rank job, answering for every peer.
 
 `emulate.world_size=N emulate.rank=R` trains rank R for real (its own shards at full size, its kernels and
 optimizers, the global-batch lookups its tables serve, the same recorder) in one process: each collective
-completes at once, its outputs filled with what the peers would send if each peer were this rank (the
-answer is "own data"; the run's summary says so). What that means for each collective:
+completes at once, its outputs filled with what the peers would send. The id all-to-alls are answered from
+each peer's own batch where `peer_answers` is set (emulate.peers=own_batches, bench.run.peer_batches: exact
+whatever the pooling); everything else, and the ids too under emulate.peers=own_data, as if each peer were
+this rank ("own data"):
 
 - all-to-all: peer p sends what R sends to itself (R's own chunk of the input). Where the chunk p would send
   has another size (pooled embeddings of tables of other widths), its buffer, sized by the caller from the
@@ -12,9 +14,9 @@ answer is "own data"; the run's summary says so). What that means for each colle
   reduce-scatter: N times R's own chunk; broadcast from another rank: the buffer stays as it is (R's own
   values, as a peer identical to R would send them); barrier: done.
 
-Exact for memory wherever what a peer sends has a size that does not depend on its data: fixed pooling,
-data-parallel and dense collectives. With random pooling the peers' lengths are R's own, so the buffers
-sized from them follow R's batch, not each peer's: the result is marked as such.
+Own data is exact for memory wherever what a peer sends has a size that does not depend on its data: fixed
+pooling, data-parallel and dense collectives. With random pooling the peers' lengths are then R's own, so the
+buffers sized from them follow R's batch, not each peer's: the result says so.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ def _done(result) -> "dist.Work":
     return _create_work_from_future(future)
 
 
-def _chunks(tensor: torch.Tensor, split_sizes: Sequence[int], world_size: int) -> List[torch.Tensor]:
+def chunks(tensor: torch.Tensor, split_sizes: Sequence[int], world_size: int) -> List[torch.Tensor]:
+    """`tensor`'s chunk for (or from) each rank, as c10d's all-to-all splits it (views)."""
     sizes = list(split_sizes) if split_sizes else [tensor.shape[0] // world_size] * world_size
     return list(torch.split(tensor, sizes, dim=0)) if tensor.dim() else [tensor]
 
@@ -79,6 +82,8 @@ class EmulatedProcessGroup(dist.ProcessGroup):
     def __init__(self, rank: int, world_size: int):
         super().__init__(rank, world_size)
         self._rank, self._world = rank, world_size
+        # emulate.peers=own_batches: what answers the id exchanges from each peer's own batch (PeerBatches)
+        self.peer_answers = None
 
     def getBackendName(self) -> str:  # noqa: N802 (c10d's name)
         return BACKEND_NAME
@@ -91,8 +96,11 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         return _world.pg_names[self]
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
-        own = _chunks(input, input_split_sizes, self._world)[self._rank]
-        for chunk in _chunks(output, output_split_sizes, self._world):
+        if self.peer_answers is not None and self.peer_answers.fill(output, input, output_split_sizes,
+                                                                    input_split_sizes):
+            return _done(output)
+        own = chunks(input, input_split_sizes, self._world)[self._rank]
+        for chunk in chunks(output, output_split_sizes, self._world):
             _fill_from(chunk, own)
         return _done(output)
 
@@ -146,8 +154,19 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         return _done(None)
 
 
+_WORLD: List[EmulatedProcessGroup] = []  # the group init_emulated_group made
+
+
 def _create(store, rank: int, world_size: int, timeout) -> EmulatedProcessGroup:
-    return EmulatedProcessGroup(rank, world_size)
+    _WORLD[:] = [EmulatedProcessGroup(rank, world_size)]
+    return _WORLD[0]
+
+
+def world_group() -> EmulatedProcessGroup:
+    """The default group of this emulated rank's process."""
+    if not _WORLD:
+        raise RuntimeError("no emulated group: init_emulated_group first")
+    return _WORLD[0]
 
 
 def init_emulated_group(rank: int, world_size: int) -> None:

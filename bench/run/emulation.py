@@ -19,7 +19,9 @@ from workloads.validate import ConfigError, check_host_memory
 
 AUTO = "auto"
 BACKEND_NAME = "membench_emulated"  # the process group's c10d backend name (bench.run.emulated_group)
-PEERS_ANSWER = "own_data"  # how the peers are answered: each sends what this rank sends itself
+# emulate.peers: how the peers answer the id all-to-alls (bench.run.peer_batches, bench.run.emulated_group)
+OWN_BATCHES, OWN_DATA = "own_batches", "own_data"
+PEERS_ANSWERS = (AUTO, OWN_BATCHES, OWN_DATA)
 
 
 def emulated_launch(cfg: RunConfig, launch: LaunchSpec) -> LaunchSpec:
@@ -33,10 +35,30 @@ def emulated_launch(cfg: RunConfig, launch: LaunchSpec) -> LaunchSpec:
     if launch.multi_node or cfg.launcher.spawn_all_nodes:
         raise ConfigError("hardware.nodes", cfg.hardware.nodes, "an emulated rank runs in one process on one "
                           "machine: leave hardware.nodes=1 (emulate.world_size sets the job's size)")
+    peers_answer(cfg, launch.device_type)  # refused here, before anything starts
     rank = requested_rank(cfg)
     if rank is not None and not 0 <= rank < emulate.world_size:
         raise ConfigError("emulate.rank", emulate.rank, f"a rank in 0..{emulate.world_size - 1}, or auto")
     return dataclasses.replace(launch, world_size=emulate.world_size, emulated_rank=rank, dist_backend=BACKEND_NAME)
+
+
+def peers_answer(cfg: RunConfig, device_type: str) -> str:
+    """emulate.peers as it runs: own_batches needs the peers' batches drawn here, on the host (auto: own_data
+    when workload.generator draws them on the GPU, whose generator a peer's batch could only be drawn with on
+    the GPU itself, an allocation no rank of the real job makes); ConfigError for anything else."""
+    from workloads.data import draws_on_device
+    from workloads.spec import build_spec
+
+    requested = str(cfg.emulate.peers).strip()
+    if requested not in PEERS_ANSWERS:
+        raise ConfigError("emulate.peers", cfg.emulate.peers, f"one of {', '.join(PEERS_ANSWERS)}")
+    on_device = draws_on_device(cfg.workload.generator, kernel_device(device_type), build_spec(cfg.workload))
+    if requested == OWN_BATCHES and on_device:
+        raise ConfigError("emulate.peers", requested, "the peers' batches are drawn on the host: set "
+                          "workload.generator=host, or emulate.peers=own_data")
+    if requested == AUTO:
+        return OWN_DATA if on_device else OWN_BATCHES
+    return requested
 
 
 def requested_rank(cfg: RunConfig) -> Optional[int]:
@@ -91,10 +113,13 @@ def with_rank_config(cfg: RunConfig, launch: LaunchSpec) -> RunConfig:
 
 def emulation_record(cfg: RunConfig, launch: LaunchSpec) -> Optional[Dict[str, Any]]:
     """What the summary says of an emulated run: which rank of how many, how its peers were answered, and
-    whether that is exact (every table's pooling fixed: what a peer sends then has the size R's own has)."""
+    whether that is exact: always with own_batches; with own_data when every table's pooling is fixed (what a
+    peer sends then has the size R's own has)."""
     from workloads.spec import build_spec
 
     if launch.emulated_rank is None:
         return None
-    exact = all(table.pooling.distribution == "fixed" for table in build_spec(cfg.workload).tables)
-    return {"rank": launch.emulated_rank, "world_size": launch.world_size, "peers": PEERS_ANSWER, "exact": exact}
+    peers = peers_answer(cfg, launch.device_type)
+    exact = peers == OWN_BATCHES or all(table.pooling.distribution == "fixed"
+                                        for table in build_spec(cfg.workload).tables)
+    return {"rank": launch.emulated_rank, "world_size": launch.world_size, "peers": peers, "exact": exact}

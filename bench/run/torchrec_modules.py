@@ -32,3 +32,20 @@ def skip_collective_validation() -> None:
     from torchrec.distributed import collective_utils
 
     collective_utils._INITIALIZED = True  # noqa: SLF001 (torchrec's own once-per-process guard)
+
+
+def observe_kjt_splits(on_split) -> None:
+    """Call on_split(kjt, key_splits, splits) each time this process splits a KeyedJaggedTensor for an
+    all-to-all: torchrec's KJTAllToAll and the train pipelines' fused form of it both begin with the tensor's
+    `dist_splits` (the sizes each destination gets), the one place both pass. For an emulated rank's process
+    only (bench.run.peer_batches): it wraps torchrec's class for the rest of the process."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    original = KeyedJaggedTensor.dist_splits
+
+    def dist_splits(self, key_splits):
+        splits = original(self, key_splits)
+        on_split(self, key_splits, splits)
+        return splits
+
+    KeyedJaggedTensor.dist_splits = dist_splits

@@ -29,8 +29,7 @@ from bench.results.store import heartbeat, progress_file, timeline_file, write_r
 from bench.run.launchspec import LaunchSpec, load_run_config, rank_cuda_index
 from workloads.pipelines import pipeline_kind
 from bench.run.pipelines import PipelinedTraining, after_step
-from workloads.data import SyntheticBatches
-from workloads.id_histogram import has_id_histograms
+from workloads.data import SyntheticBatches, draws_on_device
 from workloads.spec import build_spec
 
 
@@ -52,6 +51,10 @@ def train(cfg, launch: LaunchSpec, run_dir: Path, rank: int, device: torch.devic
     log(speaks, f"built {len(spec.tables)} tables ({backend.name} backend) in {time.perf_counter() - t0:.1f} s; "
               f"training {cfg.workload.warmup_steps} warm-up + {cfg.workload.steps} steps")
     batches = make_batches(cfg.workload.generator, spec, rank, launch.world_size, device)
+    if launch.emulated_rank is not None:
+        from bench.run.peer_batches import answer_peers
+
+        answer_peers(cfg, launch, backend, batches)
     total_steps = cfg.workload.warmup_steps + cfg.workload.steps
     kind = pipeline_kind(cfg.pipeline.name)
     if kind.torchrec_class is None:
@@ -60,14 +63,6 @@ def train(cfg, launch: LaunchSpec, run_dir: Path, rank: int, device: torch.devic
         log(speaks, f"through torchrec's {kind.torchrec_class}; in flight: {kind.holds}")
         PipelinedTraining(kind, backend, batches, recorder, lambda message: log(speaks, message)).run(total_steps)
     recorder.finish_steps()
-
-
-def draws_on_device(generator: str, device_type: str, spec) -> bool:
-    """workload.generator: auto draws on the rank's GPU (no host-to-device copy per batch) unless a table has an
-    id histogram, which only the host generator draws."""
-    if generator == "auto":
-        return device_type == "cuda" and not has_id_histograms(spec.tables)
-    return generator == "device"
 
 
 def make_batches(generator: str, spec, rank: int, world_size: int, device: torch.device):
