@@ -275,3 +275,24 @@ def test_batch_ids_equal_draw_virtual_ids_on_each_tables_stream():
             want = to_physical(draw_virtual_ids(rng, ids, t.virtual_rows, int(lens.sum())), t.virtual_rows,
                                t.physical_rows)
             assert np.array_equal(b.values.numpy()[offsets[i] : offsets[i + 1]], want), (ids, i)
+
+
+@pytest.mark.parametrize("pooling", [
+    PoolingConfig(distribution="fixed", mean=2.5),
+    PoolingConfig(distribution="uniform", mean=4, min=1, max=64),  # the mean is (min + max) / 2, not 4
+    PoolingConfig(distribution="poisson", mean=4, min=1, max=32),  # clipped at 1: draws more than 4
+    PoolingConfig(distribution="poisson", mean=100, min=1, max=110),  # clipped at 110: draws less
+    PoolingConfig(distribution="pareto", mean=8, min=1, max=128, pareto_alpha=2.0),  # the tail clipped: less
+    PoolingConfig(distribution="pareto", mean=3, min=2, max=20, pareto_alpha=1.5),
+])
+def test_the_expected_pooling_is_what_the_law_draws_on_average(pooling):
+    """What the estimators count a table's ids with (workloads.pooling_mean): the mean of 2,000,000 draws
+    within 4 standard errors of it (the draws are seeded: the same numbers every run)."""
+    from workloads.pooling_mean import expected_pooling
+
+    drawn = draw_pooling(np.random.default_rng(7), pooling, pooling.mean, 2_000_000).astype(np.float64)
+    expected = expected_pooling(pooling, pooling.mean)
+    assert abs(drawn.mean() - expected) <= 4 * drawn.std() / np.sqrt(drawn.size) + 1e-12
+    if pooling.distribution == "uniform":
+        assert expected == 32.5
+    assert build_spec(WorkloadConfig(num_tables=2, pooling=pooling)).tables[1].expected_pooling == expected

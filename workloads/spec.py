@@ -13,6 +13,7 @@ from typing import List
 import numpy as np
 
 from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
+from workloads.pooling_mean import expected_pooling
 from workloads.tables_file import load_tables
 from workloads.units import GIB
 
@@ -34,6 +35,12 @@ class TableSpec:
     # workloads.id_histogram.HistogramIdsConfig): the workload's, or its line of workload.tables_file
     pooling: PoolingConfig = field(default_factory=PoolingConfig, hash=False)
     ids: IdsConfig = field(default_factory=IdsConfig, hash=False)
+
+    @property
+    def expected_pooling(self) -> float:
+        """The ids per sample its pooling law draws on average (not always `pooling_mean`, the law's
+        parameter: workloads.pooling_mean)."""
+        return expected_pooling(self.pooling, self.pooling_mean)
 
     @property
     def virtual_bytes(self) -> int:

@@ -215,7 +215,7 @@ class DryRunModel:
         import torch
 
         batch = self.spec.config.batch_size
-        total_pooling = sum(t.pooling_mean for t in self.spec.tables)
+        total_pooling = sum(t.expected_pooling for t in self.spec.tables)
         # lengths first, as the data stream makes them (a list frees its items last to first: the ids first)
         lengths = self._empty(len(self.dims) * batch, torch.int32)
         return [lengths, self._empty(batch * total_pooling, torch.int64)]
@@ -299,7 +299,7 @@ class DryRunModel:
 
     def _sharded_pooling(self, share: RankShare) -> float:
         """Mean ids per sample of the tables that cross the input all-to-all (all but the data-parallel ones)."""
-        return sum(t.pooling_mean for t in self.spec.tables) - share.replicated_pooling
+        return sum(t.expected_pooling for t in self.spec.tables) - share.replicated_pooling
 
     def _sharded_features(self, share: RankShare) -> int:
         """How many of the batch's features cross the input all-to-all (all but the data-parallel tables')."""

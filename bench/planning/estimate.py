@@ -92,7 +92,7 @@ def add_replicated_table(share: RankShare, table, dense_optimizer: str) -> None:
     share.weight_bytes += table.physical_bytes
     share.grad_bytes += table.physical_bytes
     share.replicated_dims += table.embedding_dim
-    share.replicated_pooling += table.pooling_mean
+    share.replicated_pooling += table.expected_pooling
     share.replicated_features += 1
     share.replicated_tables.append((table.physical_rows, table.embedding_dim))
     share.optimizer_bytes += optimizer_state_bytes(dense_optimizer, table.physical_rows, table.embedding_dim)
@@ -107,7 +107,7 @@ def add_sharded_table(share: RankShare, table, rows: int, cols: int, embedding_o
                         effective_caching_ratio(caching_ratio))
     add_tiers(share, tiers)
     share.sent_dims += cols
-    share.sent_pooling += table.pooling_mean
+    share.sent_pooling += table.expected_pooling
     share.sent_features += 1
 
 
@@ -140,7 +140,7 @@ def pooled_groups(plan_rows: List[dict], spec: WorkloadSpec, world_size: int) ->
 
 def table_totals(spec: WorkloadSpec) -> Tuple[int, float]:
     """(embedding dims, mean pooling) summed over the tables: what every rank receives and reads as input."""
-    return sum(t.embedding_dim for t in spec.tables), sum(t.pooling_mean for t in spec.tables)
+    return sum(t.embedding_dim for t in spec.tables), sum(t.expected_pooling for t in spec.tables)
 
 
 def features_for_rank(spec: WorkloadSpec, share: RankShare, world_size: int,
@@ -232,7 +232,7 @@ def shares_from_placement(placement, spec: WorkloadSpec, caching_ratio: Optional
                                      shard.weight_bytes, shard.optimizer_bytes, effective_caching_ratio(caching_ratio)))
         share.sent_dims += shard.dim
         # a row-wise shard sees the ids that hash into its rows
-        share.sent_pooling += table.pooling_mean * shard.rows / max(1, table.virtual_rows)
+        share.sent_pooling += table.expected_pooling * shard.rows / max(1, table.virtual_rows)
         share.sent_features += 1
     return shares
 

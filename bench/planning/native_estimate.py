@@ -117,7 +117,7 @@ class NativeDryRun:
         dense_features, labels, lengths, values = batch
         model, spec, world, size = self.model, self.spec, self.world_size, dense_features.shape[0]
         local = model.local
-        pools = [t.pooling_mean for t in spec.tables]
+        pools = [t.expected_pooling for t in spec.tables]
         # _exchange_ids: counts, lengths and ids of the local tables from every rank (the sent copies go)
         exchange = [self._empty(world, torch.int64), self._empty(world, torch.int64),
                     self._empty(len(spec.tables) * size, torch.int32), self._empty(size * sum(pools), torch.int64)]
@@ -152,7 +152,7 @@ class NativeDryRun:
         import torch
 
         cfg, size = self.spec.config, self.spec.config.batch_size
-        pools = sum(t.pooling_mean for t in self.spec.tables)
+        pools = sum(t.expected_pooling for t in self.spec.tables)
         return (self._empty(size * cfg.num_dense_features).view(size, -1), self._empty(size),
                 self._empty(len(self.spec.tables) * size, torch.int32), self._empty(size * pools, torch.int64))
 
@@ -196,7 +196,7 @@ def predict_native(spec: WorkloadSpec, world_size: int, sparse_grads: bool,
     measured: Dict[tuple, RankPrediction] = {}
     predictions = []
     for rank in range(world_size):
-        key = tuple((table.physical_rows, table.embedding_dim, table.pooling_mean)
+        key = tuple((table.physical_rows, table.embedding_dim, table.expected_pooling)
                     for table, owner in zip(spec.tables, owners) if owner == rank)
         if key not in measured:
             measured[key] = NativeDryRun(spec, rank, world_size, sparse_grads, allocator_settings).run()

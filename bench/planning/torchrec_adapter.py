@@ -100,7 +100,7 @@ def parameter_constraints(spec: WorkloadSpec, sharding_type: str, per_table: Dic
         constraints[table.name] = ParameterConstraints(
             sharding_types=None if chosen == "auto" else [chosen],
             compute_kernels=kernels,
-            pooling_factors=[table.pooling_mean],
+            pooling_factors=[table.expected_pooling],
             min_partition=column_shard_dim,
             cache_params=None if caching_ratio is None else CacheParams(load_factor=float(caching_ratio)),
         )

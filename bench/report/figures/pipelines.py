@@ -56,7 +56,7 @@ def batch_kjt_bytes(run: Run) -> Optional[int]:
     except Exception:
         return None
     batch = workload.batch_size
-    return int(round(batch * sum(t.pooling_mean for t in spec.tables) * 8 + batch * len(spec.tables) * 4))
+    return int(round(batch * sum(t.expected_pooling for t in spec.tables) * 8 + batch * len(spec.tables) * 4))
 
 
 def allocated(rank) -> int:
