@@ -231,13 +231,3 @@ class LiveTensorTracker(DispatchMode):
             else:
                 self._track_new_storage(storage, cdata, nbytes, self.category)
         return out
-        if new_bytes and self.live_bytes + new_bytes > self.capacity_bytes:
-            # The op ran, but a device with this capacity could not have held its output.
-            raise torch.OutOfMemoryError(
-                format_emulated_oom(new_bytes, self.rank, self.capacity_bytes, self.live_bytes))
-        for storage, cdata, nbytes in fresh:
-            if nbytes is not None and cdata not in entries:
-                self._track_new_storage(storage, cdata, nbytes, self.category)
-            else:
-                self.track(storage, self.category)
-        return out
