@@ -90,7 +90,9 @@ def test_a_subset_of_tables_of_any_rank_draws_what_that_ranks_batch_holds(ids):
         bounds = np.concatenate([[0], np.cumsum(counts)])
         tables = [4, 0, 3]
         lengths, values = sb.tables_of(rank, 5, tables)
-        for table, lens, ids_drawn in zip(tables, lengths, values):
+        ends = np.cumsum([lens.sum() for lens in lengths])
+        assert values.size == ends[-1]
+        for table, lens, ids_drawn in zip(tables, lengths, np.split(values, ends[:-1])):
             assert np.array_equal(lens, whole.lengths.numpy()[table * 64:(table + 1) * 64])
             assert np.array_equal(ids_drawn, whole.values.numpy()[bounds[table]:bounds[table + 1]])
     with pytest.raises(ValueError, match="need 0 <= rank < world_size"):

@@ -51,7 +51,7 @@ def _kjt_exchange(batches, rank, step, tables_by_destination):
     pieces = [batches.tables_of(rank, step, tables) for tables in tables_by_destination]
     none = np.zeros(0, np.int64)
     lengths = [np.concatenate([none, *lens]) for lens, _ in pieces]
-    values = [np.concatenate([none, *ids]) for _, ids in pieces]
+    values = [np.concatenate([none, ids]) for _, ids in pieces]
     rows = np.array([[len(lens), len(ids), batches.batch_size] for lens, ids in zip(lengths, values)])
     return torch.from_numpy(np.concatenate(lengths)), torch.from_numpy(np.concatenate(values)), rows
 
@@ -105,7 +105,7 @@ def test_an_id_exchange_the_rank_s_batch_does_not_hold_is_refused_not_answered()
     from workloads.spec import build_spec
 
     batches = SyntheticBatches(build_spec(WorkloadConfig(batch_size=8)), rank=0, world_size=2)
-    lengths, values = (arrays[0] for arrays in batches.tables_of(0, 0, [1]))
+    (lengths,), values = batches.tables_of(0, 0, [1])
     answers = PeerBatches(batches, 0, 2)
     with pytest.raises(RuntimeError, match="holds none of its batches 0..3 .*emulate.peers=own_data"):
         answers.start([1], {LENGTHS: lengths + 1, VALUES: values}, {})  # rows that are not table 1's

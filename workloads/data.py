@@ -197,15 +197,13 @@ class SyntheticBatches:
             labels=torch.from_numpy(labels),
         )
 
-    def tables_of(self, rank: int, step: int, tables: Sequence[int]) -> Tuple[List[np.ndarray], List[np.ndarray]]:
-        """(pooling factors, ids) of each of `tables` in batch `step` of `rank` (any rank of the job): exactly
-        what that rank's `batch(step)` holds for them, drawn without the other tables (what an emulated rank's
-        peers send it: bench.run.peer_batches)."""
+    def tables_of(self, rank: int, step: int, tables: Sequence[int]) -> Tuple[List[np.ndarray], np.ndarray]:
+        """(pooling factors of each of `tables`, their ids one table after the other) in batch `step` of `rank`
+        (any rank of the job): exactly what that rank's `batch(step)` holds for them, drawn without the other
+        tables (what an emulated rank's peers send it: bench.run.peer_batches)."""
         check_stream_args(self.spec, rank, self.world_size)
         bitgen = _batch_bitgen(self.seed, rank, step)
-        lengths, values_np = self._draw_tables(bitgen, bitgen.state, tables)
-        bounds = np.concatenate([[0], np.cumsum([len_.sum() for len_ in lengths], dtype=np.int64)]).tolist()
-        return lengths, [values_np[bounds[i]:bounds[i + 1]] for i in range(len(lengths))]
+        return self._draw_tables(bitgen, bitgen.state, tables)
 
     def _draw_tables(self, bitgen: np.random.PCG64, start, tables: Sequence[int]):
         """Pooling factors (one array a table) and ids (concatenated) of `tables`, in their order, each from its

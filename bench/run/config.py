@@ -208,7 +208,8 @@ class RunConfig:
 # a config which does not use them keeps the hash its baselines (and earlier results) were recorded with
 HASHED_WHEN_SET = {"pipeline": {"name": "plain"}, "workload.tables_file": None, "workload.generator": "auto",
                    "emulate": {"world_size": None, "rank": "auto", "peers": "auto"},
-                   "sharding.column_shard_dim": None, "sharding.caching_ratio": None, "allocator.large_segment_size_mb": None, "plan.memory_model": "torchrec",
+                   "sharding.column_shard_dim": None, "sharding.caching_ratio": None,
+                   "allocator.large_segment_size_mb": None, "plan.memory_model": "torchrec",
                    "plan.reservation_file": None, "plan.caching_ratios": []}
 
 

@@ -69,10 +69,10 @@ class PeerBatches:
         the roles it knows the tensor of to that tensor (a role without one is answered at the next all-to-all
         that sends R its own share of it); `splits` (torchrec) is R's splits row for every destination:
         lengths, values, then the stride."""
-        step = self._step_of(tables, own)
+        step, own_draw = self._step_of(tables, own)
         exchange = _Exchange({role: [] for role in own}, splits)
         for peer in range(self._world):
-            lengths, values = self._drawn(peer, step, tables)
+            lengths, values = own_draw if peer == self._rank else self._drawn(peer, step, tables)
             for role in own:
                 exchange.answers[role].append(
                     {LENGTHS: lengths, VALUES: values, VALUE_COUNT: np.array([values.size])}[role])
@@ -98,17 +98,19 @@ class PeerBatches:
         if not tables:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         lengths, values = self._batches.tables_of(rank, step, tables)
-        return np.concatenate(lengths), np.concatenate(values)
+        return np.concatenate(lengths), values
 
-    def _step_of(self, tables: Sequence[int], own: Dict[str, np.ndarray]) -> int:
-        """The step whose batch gives rank R's own share of the exchange (the earliest one, from the last)."""
+    def _step_of(self, tables: Sequence[int], own: Dict[str, np.ndarray]
+                 ) -> Tuple[int, Tuple[np.ndarray, np.ndarray]]:
+        """The step whose batch gives rank R's own share of the exchange (the earliest one, from the last), and
+        what R's batch of that step holds for `tables`."""
         if not tables:
-            return self._step
+            return self._step, self._drawn(self._rank, self._step, tables)
         for step in range(self._step, self._step + STEP_WINDOW):
             lengths, values = self._drawn(self._rank, step, tables)
             if np.array_equal(lengths, own.get(LENGTHS, lengths)) and np.array_equal(values, own.get(VALUES, values)):
                 self._step = step
-                return step
+                return step, (lengths, values)
         raise RuntimeError(f"emulated peers: an id exchange of rank {self._rank} holds none of its batches "
                            f"{self._step}..{self._step + STEP_WINDOW - 1} (run with emulate.peers=own_data)")
 
