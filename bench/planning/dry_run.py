@@ -101,6 +101,9 @@ class DryRunModel:
                 return KeyedTensor(keys=model.keys, length_per_key=model.dims, values=values)
 
         self.dlrm.sparse_arch.embedding_bag_collection = PooledEmbeddings()
+        # what the pipeline keeps until the sparse arch has its pooled values (its input dist's awaitables)
+        self._through_sparse_arch: list = []
+        self.dlrm.sparse_arch.register_forward_hook(lambda module, args, out: self._through_sparse_arch.clear())
 
     def run(self, share: Optional[RankShare] = None, world_size: int = 1, steps: int = 2,
             record_allocations: bool = False) -> DenseDryRun:
@@ -190,6 +193,8 @@ class DryRunModel:
                 return self._empty(batch * total_dims).view(batch, total_dims).requires_grad_()
         self._sparse_side = sparse_side
         self._hold_in_flight(tracker, "forward", share, world_size)
+        if self.pipeline.holds_send_copy_through_forward:
+            self._through_sparse_arch.extend(self._send_copy(share))
         if self.pipeline.holds_received_through_forward:
             forward_only.extend(self._received(share, world_size))
         logits = self.dlrm(dense, None).squeeze(-1)
@@ -232,14 +237,22 @@ class DryRunModel:
         data-parallel (no all-to-all)."""
         import torch
 
-        batch = self.spec.config.batch_size
         share = share or RankShare()
-        sent_pooling, sent_features = self._sharded_pooling(share), self._sharded_features(share)
-        if sent_features <= 0:
+        if self._sharded_features(share) <= 0:
             return []
-        send_copy = [self._empty(batch * sent_pooling, torch.int64),
-                     self._empty(batch * sent_features, torch.int32)] if share.input_permuted else []
-        return send_copy + self._received_ids(share, world_size) + [self._empty(2 * world_size, torch.int64)]
+        return self._send_copy(share) + self._received_ids(share, world_size) + [
+            self._empty(2 * world_size, torch.int64)]
+
+    def _send_copy(self, share: Optional[RankShare]) -> list:
+        """The permuted copy of a batch's ids and lengths its input all-to-all sends (none when torchrec sends
+        the batch's own tensors: no permute, or every table data-parallel)."""
+        import torch
+
+        batch = self.spec.config.batch_size
+        if share is None or not share.input_permuted or self._sharded_features(share) <= 0:
+            return []
+        return [self._empty(batch * self._sharded_pooling(share), torch.int64),
+                self._empty(batch * self._sharded_features(share), torch.int32)]
 
     def _received(self, share: Optional[RankShare], world_size: int) -> list:
         """What this rank receives in a batch's input all-to-all: ids, lengths and the int32 splits per peer."""
