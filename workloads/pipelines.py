@@ -32,10 +32,11 @@ class PipelineKind:
     # ids, lengths and per-peer splits stay with the pipeline's context while the forward's lookups use their own
     # (measured: exactly that many bytes more at a forward peak, none at a backward one)
     holds_received_through_forward: bool = False
-    # and the send copy of its ids and lengths (made when torchrec permutes the features), which the input
-    # dist's awaitables keep: TrainPipelineSparseDistLite starts the trained batch's input dist in its own step
-    # (measured: those bytes more at a forward peak)
-    holds_send_copy_through_forward: bool = False
+    # the trained batch's input all-to-all started in its own step (TrainPipelineSparseDistLite): its send copy
+    # (made when torchrec permutes the features) and what it received live until the sparse arch has its pooled
+    # values, as the input dist's awaitables hold them (measured: those bytes more at a forward peak inside the
+    # sparse arch, none at one in the dense part after it)
+    holds_input_dist_through_sparse_arch: bool = False
     # keyword arguments its constructor gets beyond model, optimizer and device
     options: Tuple[Tuple[str, object], ...] = ()
 
@@ -66,8 +67,7 @@ PIPELINES: Dict[str, PipelineKind] = {kind.name: kind for kind in (
                  "this step)", _SPARSE_DIST, holds_received_through_forward=True),
     PipelineKind("sparse_dist_lite", "TrainPipelineSparseDistLite", None,
                  "the next batch, fetched after backward; its input all-to-all runs in its own step",
-                 _per_phase((0, 0), (0, 0), (0, 0), (1, 0)), holds_received_through_forward=True,
-                 holds_send_copy_through_forward=True),
+                 _per_phase((0, 0), (0, 0), (0, 0), (1, 0)), holds_input_dist_through_sparse_arch=True),
     # modelled as sparse_dist: the lookups it moves to another stream add no batch
     PipelineKind("fused_sparse_dist", "TrainPipelineFusedSparseDist", _RECORD_STREAM,
                  "as sparse_dist, with the next batch's embedding lookup on its own stream", _SPARSE_DIST,

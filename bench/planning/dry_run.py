@@ -193,8 +193,8 @@ class DryRunModel:
                 return self._empty(batch * total_dims).view(batch, total_dims).requires_grad_()
         self._sparse_side = sparse_side
         self._hold_in_flight(tracker, "forward", share, world_size)
-        if self.pipeline.holds_send_copy_through_forward:
-            self._through_sparse_arch.extend(self._send_copy(share))
+        if self.pipeline.holds_input_dist_through_sparse_arch:
+            self._through_sparse_arch.extend(self._send_copy(share) + self._received(share, world_size))
         if self.pipeline.holds_received_through_forward:
             forward_only.extend(self._received(share, world_size))
         logits = self.dlrm(dense, None).squeeze(-1)
