@@ -67,3 +67,20 @@ def run_here(run_dir: Path, *overrides: str) -> dict:
 
     run_overrides(list(overrides), run_dir, run_dir.name)
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def membench_here(capsys, *argv: str):
+    """`membench ARGV` from this process, as the CLI runs it (its argument parsing, Hydra app, printing and
+    exit status) without an interpreter's start and torch's import: (exit status, stdout, stderr)."""
+    from bench.apps.cli import main
+
+    saved_argv = sys.argv[:]
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        sys.argv = saved_argv
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bench.run.execute import compose_run_config
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, membench_here
 from bench.planning.dry_run import DryRunModel
 from bench.planning.estimate import FEATURES, predict
 from bench.planning.types import RankShare
@@ -16,15 +16,19 @@ from bench.planning.calibration import fit_coefficients
 from workloads.spec import build_spec
 
 
-def plan_cli(tmp_path, *overrides):
-    cmd = [sys.executable, "-m", "bench", "plan", f"results_dir={tmp_path}", *overrides]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+def plan_cli(tmp_path, *overrides, capsys=None):
+    """`membench plan OVERRIDES`: in a subprocess, or from this process given pytest's capsys."""
+    if capsys is None:
+        cmd = [sys.executable, "-m", "bench", "plan", f"results_dir={tmp_path}", *overrides]
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    else:
+        proc = subprocess.CompletedProcess([], *membench_here(capsys, "plan", f"results_dir={tmp_path}", *overrides))
     summaries = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]
     return proc, summaries
 
 
-def test_plan_tb_1_on_h100_fits_and_adds_up(tmp_path):
-    proc, (summary,) = plan_cli(tmp_path, "workload=tb_1", "hardware=h100_80g", "world_size=32")
+def test_plan_tb_1_on_h100_fits_and_adds_up(tmp_path, capsys):
+    proc, (summary,) = plan_cli(tmp_path, "workload=tb_1", "hardware=h100_80g", "world_size=32", capsys=capsys)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert summary["mode"] == "plan" and summary["status"] == "ok" and summary["world_size"] == 32
     assert summary["estimate"]["verdict"] == "fits" and summary["estimate"]["planner"] == "membench"
@@ -39,8 +43,8 @@ def test_plan_tb_1_on_h100_fits_and_adds_up(tmp_path):
     assert "fits" in proc.stdout
 
 
-def test_plan_that_cannot_place_says_so_in_one_line(tmp_path):
-    proc, (summary,) = plan_cli(tmp_path, "workload=tb_10", "hardware=h100_80g", "nodes=1")
+def test_plan_that_cannot_place_says_so_in_one_line(tmp_path, capsys):
+    proc, (summary,) = plan_cli(tmp_path, "workload=tb_10", "hardware=h100_80g", "nodes=1", capsys=capsys)
     assert proc.returncode == 3
     assert summary["status"] == "oom" and summary["estimate"]["verdict"] == "oom"
     assert "short by" in summary["error"] and "GiB" in summary["error"]

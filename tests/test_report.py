@@ -171,11 +171,13 @@ def test_plan_and_estimate_figures(tmp_path, capsys):
 def test_deterministic(tmp_path, capsys):
     root = tmp_path / "r"
     make_sweep(root)
-    texts = []
+    texts, figures = [], []
     for out in ("a", "b"):
-        assert run_report(capsys, root, "--out", tmp_path / out, "--format", "png")[0] == 0
+        assert run_report(capsys, root, "--out", tmp_path / out, "--format", "svg")[0] == 0
         texts.append((tmp_path / out / "report.md").read_text().replace(str(tmp_path / out), "OUT"))
+        figures.append({path.name: path.read_bytes() for path in sorted((tmp_path / out).glob("*.svg"))})
     assert texts[0] == texts[1]
+    assert figures[0] and figures[0] == figures[1]  # byte-identical: fixed SVG ids, no dates
 
 
 def test_labels_name_what_differs(tmp_path):

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, membench_here
 from workloads.config import IdsConfig, PoolingConfig, WorkloadConfig
 from workloads.data import SyntheticBatches, batch_rng, draw_pooling
 from workloads.ids import draw_virtual_ids, to_physical
@@ -330,22 +328,23 @@ def test_dims_must_agree_and_match_the_dense_arch(tmp_path):
 # --------------------------------------------------------------------------------------------------
 
 
-def plan(cwd, results, *overrides):
-    cmd = [sys.executable, "-m", "bench", "plan", f"results_dir={results}", *overrides]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+def plan(capsys, monkeypatch, cwd, results, *overrides):
+    monkeypatch.chdir(cwd)
+    return membench_here(capsys, "plan", f"results_dir={results}", *overrides)
 
 
-def test_plan_takes_the_example_from_any_directory(tmp_path):
-    proc = plan(tmp_path, tmp_path / "runs", "workload=mlperf_dcnv2", f"workload.tables_file={EXAMPLE}",
-                "hardware=h100_80g", "world_size=8")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "26 tables" in proc.stdout
+def test_plan_takes_the_example_from_any_directory(tmp_path, capsys, monkeypatch):
+    code, out, err = plan(capsys, monkeypatch, tmp_path, tmp_path / "runs", "workload=mlperf_dcnv2",
+                          f"workload.tables_file={EXAMPLE}", "hardware=h100_80g", "world_size=8")
+    assert code == 0, out + err
+    assert "26 tables" in out
 
 
-def test_plan_refuses_a_bad_file_in_one_line(tmp_path):
+def test_plan_refuses_a_bad_file_in_one_line(tmp_path, capsys, monkeypatch):
     (tmp_path / "bad.csv").write_text("name,rows\nt0,40000000\nt1,abc\n")
-    proc = plan(tmp_path, tmp_path / "runs", "workload=mlperf_dcnv2", "workload.tables_file=bad.csv")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("membench: invalid config")]
+    code, out, err = plan(capsys, monkeypatch, tmp_path, tmp_path / "runs", "workload=mlperf_dcnv2",
+                          "workload.tables_file=bad.csv")
+    assert code == 2, out + err
+    errors = [line for line in err.splitlines() if line.startswith("membench: invalid config")]
     assert errors == ["membench: invalid config: workload.tables_file='bad.csv': line 3, column rows: 'abc' is "
                       "not a positive integer; give the table's row count (e.g. 40000000 or 4e7)"]
